@@ -1,0 +1,452 @@
+"""The `gcworker` command line: operators', schedulers' and workers' way in.
+
+Every setting is an environment variable `GCWORKER_*` and a global flag of the same name
+(`--missing-grace-period 5m`). Listings print a table, or a JSON array with `--json`. A bad
+setting or an impossible request prints one line and exits non-zero, changing nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+
+import click
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.exc import OperationalError
+
+from gcworker import logs
+from gcworker.errors import GcworkerError
+from gcworker.messages import Heartbeat, Report
+from gcworker.settings import ENV_PREFIX, Settings, SettingsError, load_settings
+
+SETTING_FLAGS = (
+    ("database_url", "SQLAlchemy URL of the database (default: SQLite in ./.gcworker/)."),
+    ("broker_url", "Redis URL of the broker; unset, events apply in-process (embedded mode)."),
+    ("missing_grace_period", "How long a row stays missing before it may be deleted [5m]."),
+    ("report_interval", "How often workers report their inventory [30s]."),
+    ("heartbeat_interval", "How often workers heartbeat [30s]."),
+    ("heartbeat_ttl", "How long a heartbeat keeps a worker running [2 x heartbeat interval]."),
+    ("creating_timeout", "How long a row may stay in creating before it fails [1h]."),
+    ("gc_interval", "How often the collector runs [30s]."),
+    ("stalled_worker_timeout", "Prune workers stalled for this long; 0 never prunes [0]."),
+)
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def _fail(message: str, code: int = EXIT_ERROR):
+    click.echo(f"gcworker: {message}", err=True)
+    sys.exit(code)
+
+
+class Context:
+    def __init__(self, overrides: dict):
+        self.overrides = overrides
+        self._settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            try:
+                self._settings = load_settings(**self.overrides)
+            except SettingsError as error:
+                _fail(str(error), EXIT_USAGE)
+        return self._settings
+
+    def control_plane(self, *, check_schema: bool = True):
+        from gcworker.control_plane import ControlPlane
+
+        return ControlPlane(self.settings, check_schema=check_schema)
+
+
+class GcworkerGroup(click.Group):
+    """Turns refused requests and database failures into one line and a non-zero exit."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except GcworkerError as error:
+            _fail(str(error))
+        except OperationalError as error:
+            _fail(f"database error: {str(error.orig).strip().splitlines()[0]}")
+
+
+def _setting_options(command):
+    for name, help_text in reversed(SETTING_FLAGS):
+        flag = "--" + name.replace("_", "-")
+        command = click.option(
+            flag,
+            name,
+            default=None,
+            metavar="VALUE",
+            help=f"{help_text} Env: {ENV_PREFIX}{name.upper()}.",
+        )(command)
+    return command
+
+
+@click.group(
+    cls=GcworkerGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@_setting_options
+@click.option(
+    "--log-level",
+    default="WARNING",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Logs go to stderr, one event per line.",
+)
+@click.pass_context
+def main(ctx: click.Context, log_level: str, **overrides):
+    """gcworker keeps a control plane's database of containers and volumes true to what its
+    workers really hold: workers report their inventory, gcworker marks what went missing and
+    deletes what stayed missing past a grace period, and never what still exists.
+
+    With no settings everything runs embedded, on a SQLite file under ./.gcworker/.
+    """
+    logs.configure(log_level)
+    ctx.obj = Context(overrides)
+
+
+# Schema ------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.pass_obj
+def migrate(obj: Context):
+    """Upgrade the database to the newest schema (safe to run again)."""
+    from gcworker.db.migrate import upgrade
+
+    plane = obj.control_plane(check_schema=False)
+    before, after = upgrade(plane.db.engine)
+    url = plane.db.engine.url.render_as_string(hide_password=True)
+    if before == after:
+        click.echo(f"{url}: already at the newest schema ({after})")
+    else:
+        click.echo(f"{url}: migrated from {before or 'an empty database'} to {after}")
+
+
+# Worker events -----------------------------------------------------------------------------
+
+
+def _deliver(obj: Context, message):
+    """Apply an event in-process (embedded mode) or publish it to the broker."""
+    if obj.settings.embedded:
+        plane = obj.control_plane()
+        if isinstance(message, Heartbeat):
+            return plane.reconciler.heartbeat(message)
+        return plane.reconciler.report(message)
+    from gcworker.delivery import publish
+
+    publish(obj.settings, message)
+    return None
+
+
+def _event_fields(worker: str, incarnation: int, seq: int | None) -> dict:
+    return {
+        "worker": worker,
+        "incarnation": incarnation,
+        "seq": time.time_ns() if seq is None else seq,
+        "clock": datetime.now(UTC),
+    }
+
+
+def _validated(model, **fields):
+    from pydantic import ValidationError
+
+    try:
+        return model(**fields)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        _fail(f"invalid {model.__name__.lower()}: {where}: {first['msg']}", EXIT_USAGE)
+
+
+@main.command()
+@click.option("--worker", required=True, help="The worker's name.")
+@click.option("--ephemeral", is_flag=True, help="The worker's rows die with it (no stalling).")
+@click.option(
+    "--incarnation",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Increases when the worker restarts.",
+)
+@click.option("--seq", type=int, default=None, help="Sequence number [current time in ns].")
+@click.option("--ttl", default=None, metavar="DURATION", help="Heartbeat TTL [the setting].")
+@click.pass_obj
+def heartbeat(obj: Context, worker, ephemeral, incarnation, seq, ttl):
+    """Record that WORKER is alive (registers it on its first heartbeat)."""
+    from gcworker.settings import parse_duration
+
+    ttl_seconds = None
+    if ttl is not None:
+        try:
+            ttl_seconds = parse_duration(ttl).total_seconds()
+        except ValueError as error:
+            _fail(f"--ttl: {error}", EXIT_USAGE)
+    message = _validated(
+        Heartbeat,
+        **_event_fields(worker, incarnation, seq),
+        ephemeral=ephemeral,
+        ttl_seconds=ttl_seconds,
+    )
+    result = _deliver(obj, message)
+    if result is None:
+        click.echo(f"heartbeat of {worker}: published")
+    else:
+        click.echo(
+            f"heartbeat of {worker}: {result.outcome}"
+            + (f" ({result.reason})" if result.reason else "")
+        )
+
+
+def _handle_list(value: str) -> list[str]:
+    return [h.strip() for h in value.split(",") if h.strip()]
+
+
+@main.command()
+@click.option("--worker", required=True, help="The worker's name.")
+@click.option("--incarnation", type=int, default=1, show_default=True)
+@click.option("--seq", type=int, default=None, help="Sequence number [current time in ns].")
+@click.option(
+    "--containers",
+    required=True,
+    metavar="H1,H2",
+    help="Every container handle the worker has; empty: none.",
+)
+@click.option(
+    "--volumes",
+    required=True,
+    metavar="V1,V2",
+    help="Every volume handle the worker has; empty: none.",
+)
+@click.pass_obj
+def report(obj: Context, worker, incarnation, seq, containers, volumes):
+    """Report WORKER's complete inventory of container and volume handles."""
+    message = _validated(
+        Report,
+        **_event_fields(worker, incarnation, seq),
+        containers=_handle_list(containers),
+        volumes=_handle_list(volumes),
+    )
+    result = _deliver(obj, message)
+    if result is None:
+        click.echo(f"report of {worker}: published")
+        return
+    line = f"report of {worker}: {result.outcome}"
+    if result.reason:
+        line += f" ({result.reason})"
+    changes = [
+        f"{what} {n} {kind}{'s' if n != 1 else ''}"
+        for what, counts in (
+            ("marked missing", result.marked),
+            ("cleared", result.cleared),
+            ("recorded unknown", result.unknown),
+            ("confirmed destroyed", result.destroyed),
+        )
+        for kind, n in counts.items()
+        if n
+    ]
+    if changes:
+        line += ": " + ", ".join(changes)
+    elif result.outcome == "accepted":
+        line += ": no change"
+    click.echo(line)
+
+
+# Scheduler's side ----------------------------------------------------------------------------
+
+
+def _row_group(kind: str):
+    @click.group(kind + "s", invoke_without_command=True)
+    @click.option("--worker", default=None, help="Only this worker's rows.")
+    @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+    @click.pass_context
+    def group(ctx: click.Context, worker, as_json):
+        if ctx.invoked_subcommand is None:
+            plane = ctx.obj.control_plane()
+            rows = plane.containers(worker) if kind == "container" else plane.volumes(worker)
+            columns = ["handle", "worker", "state", "missing_since"]
+            if kind == "volume":
+                columns += ["parent", "container"]
+            _print_rows(rows, columns, as_json, title=f"{kind}s")
+
+    group.help = f"List {kind}s, or move one through its lifecycle."
+    return group
+
+
+containers_group = _row_group("container")
+volumes_group = _row_group("volume")
+main.add_command(containers_group)
+main.add_command(volumes_group)
+
+
+@containers_group.command("create")
+@click.option("--worker", required=True)
+@click.argument("handle")
+@click.pass_obj
+def container_create(obj: Context, worker, handle):
+    """Record HANDLE as creating on WORKER (before asking the worker to create it)."""
+    obj.control_plane().scheduler.create_container(worker, handle)
+    click.echo(f"container {handle}: creating on {worker}")
+
+
+@volumes_group.command("create")
+@click.option("--worker", required=True)
+@click.option("--parent", default=None, help="Copy-on-write parent volume.")
+@click.option("--container", default=None, help="The container that owns this volume.")
+@click.argument("handle")
+@click.pass_obj
+def volume_create(obj: Context, worker, parent, container, handle):
+    """Record HANDLE as creating on WORKER (before asking the worker to create it)."""
+    obj.control_plane().scheduler.create_volume(worker, handle, parent=parent, container=container)
+    click.echo(f"volume {handle}: creating on {worker}")
+
+
+def _transition_command(group, kind: str, name: str, state: str, method: str, help_text: str):
+    @group.command(name, help=help_text)
+    @click.argument("handle")
+    @click.pass_obj
+    def command(obj: Context, handle):
+        getattr(obj.control_plane().scheduler, method)(handle)
+        click.echo(f"{kind} {handle}: {state}")
+
+    return command
+
+
+for _group, _kind in ((containers_group, "container"), (volumes_group, "volume")):
+    _transition_command(
+        _group,
+        _kind,
+        "created",
+        "created",
+        f"{_kind}_created",
+        f"The worker finished creating the {_kind}.",
+    )
+    _transition_command(
+        _group, _kind, "fail", "failed", f"fail_{_kind}", f"Creating the {_kind} failed."
+    )
+    _transition_command(
+        _group,
+        _kind,
+        "destroy",
+        "destroying",
+        f"destroy_{_kind}",
+        f"Ask the worker to remove the {_kind}.",
+    )
+
+
+# Workers -----------------------------------------------------------------------------------
+
+
+@main.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.pass_context
+def workers(ctx: click.Context, as_json):
+    """List workers, or land, retire or prune one."""
+    if ctx.invoked_subcommand is None:
+        rows = ctx.obj.control_plane().workers()
+        _print_rows(
+            rows,
+            [
+                "name",
+                "state",
+                "ephemeral",
+                "incarnation",
+                "heartbeat_expires_at",
+                "stalled_at",
+                "last_report_at",
+            ],
+            as_json,
+            title="workers",
+        )
+
+
+@workers.command("land")
+@click.argument("name")
+@click.pass_obj
+def worker_land(obj: Context, name):
+    """Land NAME: it takes no new work and lands once it holds no active containers."""
+    obj.control_plane().fleet.land(name)
+    click.echo(f"worker {name}: landing")
+
+
+@workers.command("retire")
+@click.argument("name")
+@click.pass_obj
+def worker_retire(obj: Context, name):
+    """Retire NAME: it is deleted, with its rows, once it stops heartbeating."""
+    obj.control_plane().fleet.retire(name)
+    click.echo(f"worker {name}: retiring")
+
+
+@workers.command("prune")
+@click.argument("name")
+@click.pass_obj
+def worker_prune(obj: Context, name):
+    """Delete NAME and its rows now; refused while it is running."""
+    counts = obj.control_plane().fleet.prune(name)
+    click.echo(
+        f"worker {name}: pruned with {counts['containers']} containers and "
+        f"{counts['volumes']} volumes"
+    )
+
+
+# Collector and audit -----------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Log and audit what would change; change nothing.")
+@click.pass_obj
+def collect(obj: Context, dry_run):
+    """Run one collection: worker expiry, stuck creating, orphans, missing rows (rule 4)."""
+    summary = obj.control_plane().collect(dry_run=dry_run)
+    click.echo(summary.line())
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N.")
+@click.pass_obj
+def events(obj: Context, as_json, limit):
+    """List the audit log, newest first: what the collector changed and why."""
+    rows = obj.control_plane().events(limit)
+    for row in rows:
+        row["worker"] = row.pop("worker_name")
+    _print_rows(
+        rows,
+        ["at", "actor", "action", "kind", "subject", "worker", "reason", "dry_run"],
+        as_json,
+        title="events",
+    )
+
+
+# Output ------------------------------------------------------------------------------------
+
+
+def _jsonable(value):
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return value
+
+
+def _print_rows(rows: list[dict], columns: list[str], as_json: bool, *, title: str) -> None:
+    if as_json:
+        click.echo(json.dumps([{c: _jsonable(r.get(c)) for c in columns} for r in rows], indent=2))
+        return
+    if not rows:
+        click.echo(f"no {title}")
+        return
+    table = Table(*columns, box=None, pad_edge=False, header_style="bold")
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(_jsonable(row.get(c))) for c in columns))
+    Console(width=200).print(table)
+
+
+if __name__ == "__main__":
+    main()

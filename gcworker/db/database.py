@@ -1,0 +1,143 @@
+"""The inventory database: the engine, its transactions and the control plane's clock.
+
+PostgreSQL is the distributed mode's source of truth; SQLite serves the embedded mode. Every
+timestamp that drives a decision is read from the database (`clock_timestamp()` on PostgreSQL,
+the host clock that owns the SQLite file otherwise), never from a worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    Text,
+    bindparam,
+    cast,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy import any_ as sql_any
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import make_url
+from sqlalchemy.sql.elements import ColumnElement
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def create_database_engine(url: str) -> Engine:
+    """An engine for `url`; SQLite gets foreign keys, WAL and writer-serialising transactions."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        _make_sqlite_transactions_immediate(engine)
+        return engine
+    if parsed.drivername == "postgresql":
+        # SQLAlchemy 2.1 picks psycopg 3 for a bare postgresql://; the stack is psycopg2.
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    return create_engine(parsed, pool_pre_ping=True)
+
+
+def _make_sqlite_transactions_immediate(engine: Engine) -> None:
+    # pysqlite's own BEGIN is deferred: two writers would both read, then one fails to upgrade its
+    # lock. Taking the write lock at BEGIN serialises writers the way row locks do on PostgreSQL.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+@dataclass
+class Database:
+    """An engine plus the clock every decision is timed by.
+
+    `offset` shifts the database clock; tests use `advance()` to move through grace periods
+    without sleeping. Nothing else sets it.
+    """
+
+    engine: Engine
+    offset: timedelta = field(default_factory=timedelta)
+
+    @classmethod
+    def from_url(cls, url: str) -> Database:
+        return cls(create_database_engine(url))
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        with self.engine.begin() as connection:
+            yield connection
+
+    def now(self, connection: Connection) -> datetime:
+        """The control plane's clock, read through `connection`."""
+        if self.is_postgresql:
+            current = connection.execute(select(func.clock_timestamp())).scalar_one()
+        else:
+            current = datetime.now(UTC)
+        return current.astimezone(UTC) + self.offset
+
+    def advance(self, by: timedelta) -> None:
+        self.offset += by
+
+    def member_of(self, column: ColumnElement, values: Iterable) -> ColumnElement:
+        """`column IN values`, sent as one parameter however many values there are.
+
+        psycopg2 renders a Python list element by element into the SQL text; one array literal
+        (PostgreSQL) or one JSON text (SQLite) keeps the statement short and its plan custom.
+        """
+        values = list(values)
+        if self.is_postgresql:
+            return column == sql_any(cast(self._array_param(values), ARRAY(column.type)))
+        return column.in_(select(self.rowset(values).c.value))
+
+    def rowset(self, values: Iterable):
+        """The values as a one-column table (`value`), sent as one parameter."""
+        values = list(values)
+        if self.is_postgresql:
+            element = Text() if values and isinstance(values[0], str) else BigInteger()
+            rows = func.unnest(cast(self._array_param(values), ARRAY(element)))
+            return rows.table_valued("value").render_derived()
+        rows = func.json_each(bindparam(None, json.dumps(values), type_=Text, unique=True))
+        return rows.table_valued("value")
+
+    @staticmethod
+    def _array_param(values: list):
+        return bindparam(None, _pg_array_literal(values), type_=Text, unique=True)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _pg_array_literal(values: list) -> str:
+    def element(value) -> str:
+        if isinstance(value, str):
+            return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return str(int(value))
+
+    return "{" + ",".join(element(v) for v in values) + "}"

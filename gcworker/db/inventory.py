@@ -1,0 +1,331 @@
+"""Every SQL statement on the `containers` and `volumes` tables.
+
+Both tables share one lifecycle (creating -> created -> destroying, creating -> failed ->
+destroying), so one repository class serves both; the volume-only statements (parents, owning
+containers) sit in `VolumeRepository`. Each rule is one statement over all of a worker's rows,
+and every write is conditional, so that nothing unchanged is rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import Connection, Table, delete, func, literal, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from gcworker.db.database import Database
+from gcworker.db.tables import containers, volumes, workers
+from gcworker.rules import StoredRow
+
+
+class InventoryRepository:
+    kind = "container"
+    table: Table = containers
+
+    def __init__(self, db: Database):
+        self.db = db
+
+    # Reads -------------------------------------------------------------------------------
+
+    def rows_of_worker(self, conn: Connection, worker: str) -> list[StoredRow]:
+        t = self.table
+        result = conn.execute(
+            select(t.c.id, t.c.handle, t.c.state, t.c.missing_since.is_not(None)).where(
+                t.c.worker_name == worker
+            )
+        )
+        return [
+            StoredRow(id_, handle, state, bool(missing)) for id_, handle, state, missing in result
+        ]
+
+    def find(self, conn: Connection, handle: str, *, lock: bool = False) -> dict | None:
+        query = select(self.table).where(self.table.c.handle == handle)
+        if lock:
+            query = query.with_for_update()
+        row = conn.execute(query).one_or_none()
+        return dict(row._mapping) if row else None
+
+    def list(self, conn: Connection, worker: str | None = None) -> list[dict]:
+        t = self.table
+        query = select(*self._listing_columns()).select_from(self._listing_from())
+        if worker is not None:
+            query = query.where(t.c.worker_name == worker)
+        return [dict(r._mapping) for r in conn.execute(query.order_by(t.c.worker_name, t.c.handle))]
+
+    def _listing_columns(self):
+        t = self.table
+        return (
+            t.c.handle,
+            t.c.worker_name.label("worker"),
+            t.c.state,
+            t.c.missing_since,
+            t.c.state_changed_at,
+        )
+
+    def _listing_from(self):
+        return self.table
+
+    # Report rules ------------------------------------------------------------------------
+
+    def mark_missing(self, conn: Connection, ids: list[int], now: datetime) -> int:
+        """Rule 1: mark created rows the report lacks; never a creating row, never twice."""
+        if not ids:
+            return 0
+        t = self.table
+        return conn.execute(
+            update(t)
+            .where(
+                self.db.member_of(t.c.id, ids), t.c.state == "created", t.c.missing_since.is_(None)
+            )
+            .values(missing_since=now)
+        ).rowcount
+
+    def clear_missing(self, conn: Connection, ids: list[int]) -> int:
+        """Rule 3: a reported handle clears its mark; only marked rows are written."""
+        if not ids:
+            return 0
+        t = self.table
+        return conn.execute(
+            update(t)
+            .where(self.db.member_of(t.c.id, ids), t.c.missing_since.is_not(None))
+            .values(missing_since=None)
+        ).rowcount
+
+    def clear_all_marks(self, conn: Connection, worker: str) -> int:
+        """Rule 5: when a worker comes back, absence must be seen afresh."""
+        t = self.table
+        return conn.execute(
+            update(t)
+            .where(t.c.worker_name == worker, t.c.missing_since.is_not(None))
+            .values(missing_since=None)
+        ).rowcount
+
+    def record_unknown(
+        self, conn: Connection, worker: str, handles: list[str], now: datetime
+    ) -> int:
+        """Rule 8: a handle with no row at all is recorded as destroying, so the worker removes it.
+
+        A handle that another worker's row already holds is left alone (handles are unique).
+        """
+        if not handles:
+            return 0
+        t = self.table
+        insert = postgresql.insert if self.db.is_postgresql else sqlite.insert
+        reported = self.db.rowset(handles)
+        stamp = literal(now, t.c.created_at.type)
+        statement = (
+            insert(t)
+            .from_select(
+                ["handle", "worker_name", "state", "created_at", "state_changed_at"],
+                select(reported.c.value, literal(worker), literal("destroying"), stamp, stamp),
+            )
+            .on_conflict_do_nothing(index_elements=["handle"])
+        )
+        return conn.execute(statement).rowcount
+
+    def delete_confirmed_destroyed(self, conn: Connection, ids: list[int]) -> list[str]:
+        """Rule 9: a destroying row whose handle the worker no longer reports is done."""
+        if not ids:
+            return []
+        t = self.table
+        result = conn.execute(
+            delete(t)
+            .where(self.db.member_of(t.c.id, ids), t.c.state == "destroying")
+            .returning(t.c.handle)
+        )
+        return sorted(result.scalars())
+
+    def delete_all_of_worker(self, conn: Connection, worker: str) -> int:
+        """Rule 7, ephemeral worker: the old incarnation's rows are gone at once."""
+        t = self.table
+        return conn.execute(delete(t).where(t.c.worker_name == worker)).rowcount
+
+    # Scheduler transitions ---------------------------------------------------------------
+
+    def insert_creating(
+        self, conn: Connection, *, worker: str, handle: str, now: datetime, **extra
+    ) -> None:
+        conn.execute(
+            self.table.insert().values(
+                handle=handle,
+                worker_name=worker,
+                state="creating",
+                created_at=now,
+                state_changed_at=now,
+                **extra,
+            )
+        )
+
+    def transition(
+        self,
+        conn: Connection,
+        handle: str,
+        *,
+        from_states: Iterable[str],
+        to_state: str,
+        now: datetime,
+    ) -> bool:
+        t = self.table
+        return (
+            conn.execute(
+                update(t)
+                .where(t.c.handle == handle, t.c.state.in_(tuple(from_states)))
+                .values(state=to_state, state_changed_at=now)
+            ).rowcount
+            == 1
+        )
+
+    # Collector statements ----------------------------------------------------------------
+
+    def fail_stuck_creating(
+        self, conn: Connection, cutoff: datetime, now: datetime
+    ) -> list[tuple[str, str]]:
+        """Rule 10, first half: a creating row older than the creating-timeout becomes failed."""
+        t = self.table
+        result = conn.execute(
+            update(t)
+            .where(t.c.state == "creating", t.c.state_changed_at <= cutoff)
+            .values(state="failed", state_changed_at=now)
+            .returning(t.c.handle, t.c.worker_name)
+        )
+        return sorted(result.all())
+
+    def destroy_failed(self, conn: Connection, now: datetime) -> list[tuple[str, str]]:
+        """Rule 10, second half: a failed row goes to destroying."""
+        t = self.table
+        result = conn.execute(
+            update(t)
+            .where(t.c.state == "failed", *self._may_destroy())
+            .values(state="destroying", state_changed_at=now)
+            .returning(t.c.handle, t.c.worker_name)
+        )
+        return sorted(result.all())
+
+    def _may_destroy(self) -> tuple:
+        return ()
+
+    def workers_with_rows_missing_since(self, conn: Connection, cutoff: datetime) -> list[str]:
+        t = self.table
+        query = (
+            select(t.c.worker_name)
+            .where(t.c.missing_since.is_not(None), t.c.missing_since <= cutoff)
+            .join(workers, workers.c.name == t.c.worker_name)
+            .where(workers.c.state == "running")
+            .distinct()
+        )
+        return sorted(conn.execute(query).scalars())
+
+    def delete_missing(
+        self, conn: Connection, worker: str, cutoff: datetime, limit: int
+    ) -> list[tuple[str, str]]:
+        """Rule 4: delete up to `limit` of a worker's rows missing since `cutoff` or earlier.
+
+        Returns (handle, reason) for every deleted row, oldest mark first.
+        """
+        t = self.table
+        batch = (
+            select(t.c.id)
+            .where(*self._missing_before(worker, cutoff))
+            .order_by(t.c.missing_since, t.c.id)
+            .limit(limit)
+        )
+        result = conn.execute(
+            delete(t)
+            .where(t.c.id.in_(batch.scalar_subquery()), *self._missing_before(worker, cutoff))
+            .returning(t.c.handle)
+        )
+        return [(handle, "missing") for handle in sorted(result.scalars())]
+
+    def _missing_before(self, worker: str, cutoff: datetime) -> tuple:
+        t = self.table
+        return (
+            t.c.worker_name == worker,
+            t.c.state == "created",
+            t.c.missing_since.is_not(None),
+            t.c.missing_since <= cutoff,
+        )
+
+    def count_missing(self, conn: Connection) -> int:
+        t = self.table
+        return conn.execute(
+            select(func.count()).select_from(t).where(t.c.missing_since.is_not(None))
+        ).scalar_one()
+
+
+class ContainerRepository(InventoryRepository):
+    kind = "container"
+    table = containers
+
+
+_parent = volumes.alias("parent")
+
+
+class VolumeRepository(InventoryRepository):
+    kind = "volume"
+    table = volumes
+
+    def _listing_columns(self):
+        return (
+            *super()._listing_columns(),
+            _parent.c.handle.label("parent"),
+            containers.c.handle.label("container"),
+        )
+
+    def _listing_from(self):
+        return volumes.outerjoin(_parent, _parent.c.id == volumes.c.parent_id).outerjoin(
+            containers, containers.c.id == volumes.c.container_id
+        )
+
+    def has_children(self, conn: Connection, volume_id: int) -> bool:
+        return (
+            conn.execute(
+                select(volumes.c.id).where(volumes.c.parent_id == volume_id).limit(1)
+            ).first()
+            is not None
+        )
+
+    def _may_destroy(self) -> tuple:
+        """A parent cannot be destroyed while it has children."""
+        child = volumes.alias("child")
+        return (~select(child.c.id).where(child.c.parent_id == volumes.c.id).exists(),)
+
+    def destroy_orphaned(self, conn: Connection, now: datetime) -> list[tuple[str, str]]:
+        """A volume made for a container whose row is gone goes to destroying."""
+        result = conn.execute(
+            update(volumes)
+            .where(
+                volumes.c.container_owned.is_(True),
+                volumes.c.container_id.is_(None),
+                volumes.c.state == "created",
+                *self._may_destroy(),
+            )
+            .values(state="destroying", state_changed_at=now, missing_since=None)
+            .returning(volumes.c.handle, volumes.c.worker_name)
+        )
+        return sorted(result.all())
+
+    def delete_missing(
+        self, conn: Connection, worker: str, cutoff: datetime, limit: int
+    ) -> list[tuple[str, str]]:
+        """Rule 4 for volumes: a missing volume's copy-on-write descendants go with it."""
+        oldest = (
+            select(volumes.c.id)
+            .where(*self._missing_before(worker, cutoff))
+            .order_by(volumes.c.missing_since, volumes.c.id)
+            .limit(limit)
+        )
+        subtree = (
+            select(volumes.c.id).where(volumes.c.id.in_(oldest)).cte("subtree", recursive=True)
+        )
+        child = volumes.alias("child")
+        subtree = subtree.union(select(child.c.id).where(child.c.parent_id == subtree.c.id))
+        result = conn.execute(
+            delete(volumes)
+            .where(volumes.c.id.in_(select(subtree.c.id)))
+            .returning(volumes.c.handle, volumes.c.missing_since)
+        )
+        return sorted(
+            (handle, "missing" if missing_since is not None else "descendant of a missing volume")
+            for handle, missing_since in result
+        )

@@ -1,0 +1,163 @@
+"""The schema as SQLAlchemy Core tables: workers, containers, volumes and the audit log.
+
+Alembic migrations in `migrations/` create exactly this schema (a test compares the two); the
+repositories build every statement from these tables.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.types import DateTime, TypeDecorator
+
+metadata = MetaData()
+
+WORKER_STATES = ("running", "stalled", "landing", "landed", "retiring")
+ROW_STATES = ("creating", "created", "destroying", "failed")
+
+
+class UTCDateTime(TypeDecorator):
+    """A timestamp that is always UTC and always timezone-aware in Python.
+
+    PostgreSQL stores `timestamptz`; SQLite stores the naive UTC text SQLAlchemy writes, which
+    compares correctly as text because every value has the same format.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given where a UTC timestamp is required")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("ephemeral", Boolean, nullable=False, server_default=text("false")),
+    Column("incarnation", BigInteger, nullable=False),
+    # Sequence numbers of the current incarnation: heartbeats and reports share one counter.
+    Column("last_heartbeat_seq", BigInteger, nullable=True),
+    Column("last_report_seq", BigInteger, nullable=True),
+    # The sequence number of the heartbeat that began the current running period (rule 2).
+    Column("running_since_seq", BigInteger, nullable=True),
+    Column("running_since", UTCDateTime, nullable=True),
+    Column("heartbeat_expires_at", UTCDateTime, nullable=False),
+    Column("stalled_at", UTCDateTime, nullable=True),
+    # When the last report that was allowed to mark arrived (the confirmation of rule 4).
+    Column("last_report_at", UTCDateTime, nullable=True),
+    Column("last_worker_clock", UTCDateTime, nullable=True),
+    # Bumped by every change to the worker or its rows; lets an unchanged report skip the diff.
+    Column("generation", BigInteger, nullable=False, server_default=text("0")),
+    Column("report_digest", String(64), nullable=True),
+    Column("report_generation", BigInteger, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("state_changed_at", UTCDateTime, nullable=False),
+    CheckConstraint(
+        "state IN ('running', 'stalled', 'landing', 'landed', 'retiring')", name="ck_workers_state"
+    ),
+)
+
+
+def _inventory_columns(kind: str) -> list:
+    return [
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("handle", String(128), nullable=False, unique=True),
+        Column(
+            "worker_name",
+            String(64),
+            ForeignKey("workers.name", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        Column("state", String(16), nullable=False),
+        Column("missing_since", UTCDateTime, nullable=True),
+        Column("created_at", UTCDateTime, nullable=False),
+        Column("state_changed_at", UTCDateTime, nullable=False),
+        CheckConstraint(
+            "state IN ('creating', 'created', 'destroying', 'failed')", name=f"ck_{kind}_state"
+        ),
+        CheckConstraint(
+            "missing_since IS NULL OR state = 'created'", name=f"ck_{kind}_missing_only_created"
+        ),
+    ]
+
+
+containers = Table(
+    "containers",
+    metadata,
+    *_inventory_columns("containers"),
+    Index("ix_containers_worker_name", "worker_name"),
+    Index(
+        "ix_containers_missing_since",
+        "missing_since",
+        postgresql_where=text("missing_since IS NOT NULL"),
+        sqlite_where=text("missing_since IS NOT NULL"),
+    ),
+)
+
+volumes = Table(
+    "volumes",
+    metadata,
+    *_inventory_columns("volumes"),
+    Column("parent_id", Integer, ForeignKey("volumes.id", ondelete="CASCADE"), nullable=True),
+    Column(
+        "container_id", Integer, ForeignKey("containers.id", ondelete="SET NULL"), nullable=True
+    ),
+    # True for a volume made for a container: once that container's row is gone, it is orphaned.
+    Column("container_owned", Boolean, nullable=False, server_default=text("false")),
+    Index("ix_volumes_worker_name", "worker_name"),
+    Index("ix_volumes_parent_id", "parent_id"),
+    Index("ix_volumes_container_id", "container_id"),
+    Index(
+        "ix_volumes_missing_since",
+        "missing_since",
+        postgresql_where=text("missing_since IS NOT NULL"),
+        sqlite_where=text("missing_since IS NOT NULL"),
+    ),
+)
+
+audit_events = Table(
+    "audit_events",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("at", UTCDateTime, nullable=False),
+    Column("actor", String(16), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("subject", String(128), nullable=False),
+    Column("worker_name", String(64), nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("dry_run", Boolean, nullable=False, server_default=text("false")),
+    Index("ix_audit_events_at", "at"),
+)
+
+INVENTORY_TABLES = {"container": containers, "volume": volumes}

@@ -1,0 +1,214 @@
+"""Every SQL statement on the `workers` table.
+
+Any change to a worker or to its rows bumps `generation`; a report whose handles match the last
+accepted report of the same generation can then skip the diff (the steady-state fast path).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, delete, func, select, update
+
+from gcworker.db.database import Database
+from gcworker.db.tables import containers, volumes, workers
+from gcworker.rules import WorkerView
+
+_VIEW_COLUMNS = (
+    workers.c.name,
+    workers.c.state,
+    workers.c.ephemeral,
+    workers.c.incarnation,
+    workers.c.last_heartbeat_seq,
+    workers.c.last_report_seq,
+    workers.c.running_since_seq,
+    workers.c.generation,
+    workers.c.report_digest,
+    workers.c.report_generation,
+    workers.c.last_report_at,
+)
+
+
+class UnknownWorker(LookupError):
+    pass
+
+
+class WorkerRepository:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def lock(self, conn: Connection, name: str) -> WorkerView | None:
+        """Read a worker and hold its row until commit: its events apply one at a time."""
+        row = conn.execute(
+            select(*_VIEW_COLUMNS).where(workers.c.name == name).with_for_update()
+        ).one_or_none()
+        return WorkerView(**row._mapping) if row else None
+
+    def get(self, conn: Connection, name: str) -> dict:
+        row = conn.execute(select(workers).where(workers.c.name == name)).one_or_none()
+        if row is None:
+            raise UnknownWorker(f"unknown worker {name!r}")
+        return dict(row._mapping)
+
+    def list(self, conn: Connection) -> list[dict]:
+        return [dict(r._mapping) for r in conn.execute(select(workers).order_by(workers.c.name))]
+
+    def register(
+        self,
+        conn: Connection,
+        *,
+        name: str,
+        ephemeral: bool,
+        incarnation: int,
+        seq: int,
+        now: datetime,
+        ttl: timedelta,
+        worker_clock: datetime | None,
+    ) -> None:
+        conn.execute(
+            workers.insert().values(
+                name=name,
+                state="running",
+                ephemeral=ephemeral,
+                incarnation=incarnation,
+                last_heartbeat_seq=seq,
+                running_since_seq=seq,
+                running_since=now,
+                heartbeat_expires_at=now + ttl,
+                last_worker_clock=worker_clock,
+                created_at=now,
+                state_changed_at=now,
+                generation=0,
+            )
+        )
+
+    def record_heartbeat(
+        self,
+        conn: Connection,
+        name: str,
+        *,
+        seq: int,
+        now: datetime,
+        ttl: timedelta,
+        worker_clock: datetime | None,
+        ephemeral: bool,
+        incarnation: int | None = None,
+        new_state: str | None = None,
+        starts_running_period: bool = False,
+    ) -> None:
+        values = {
+            "last_heartbeat_seq": seq,
+            "heartbeat_expires_at": now + ttl,
+            "last_worker_clock": worker_clock,
+            "ephemeral": ephemeral,
+        }
+        if incarnation is not None:
+            values.update(incarnation=incarnation, last_report_seq=None, report_digest=None)
+        if starts_running_period:
+            values.update(running_since_seq=seq, running_since=now, stalled_at=None)
+        if new_state is not None:
+            values.update(state=new_state, state_changed_at=now)
+        if incarnation is not None or new_state is not None or starts_running_period:
+            values["generation"] = workers.c.generation + 1
+        conn.execute(update(workers).where(workers.c.name == name).values(**values))
+
+    def record_report(
+        self,
+        conn: Connection,
+        name: str,
+        *,
+        seq: int,
+        worker_clock: datetime | None,
+        confirmed_at: datetime | None,
+        digest: str | None,
+    ) -> None:
+        """Advance the report sequence (rule 6); `confirmed_at` is set by a report that may mark."""
+        values = {"last_report_seq": seq, "last_worker_clock": worker_clock}
+        if confirmed_at is not None:
+            values["last_report_at"] = confirmed_at
+        if digest is not None:
+            values.update(report_digest=digest, report_generation=workers.c.generation)
+        conn.execute(update(workers).where(workers.c.name == name).values(**values))
+
+    def bump_generation(self, conn: Connection, names) -> None:
+        """Record that these workers' rows changed; also takes their row locks first."""
+        names = sorted(set(names))
+        if names:
+            conn.execute(
+                update(workers)
+                .where(self.db.member_of(workers.c.name, names))
+                .values(generation=workers.c.generation + 1)
+            )
+
+    def set_state(
+        self, conn: Connection, names, *, state: str, from_states, now: datetime, **extra
+    ) -> list[str]:
+        """Move workers in `from_states` to `state`; returns the names that moved."""
+        names = sorted(set(names))
+        if not names:
+            return []
+        result = conn.execute(
+            update(workers)
+            .where(self.db.member_of(workers.c.name, names), workers.c.state.in_(from_states))
+            .values(state=state, state_changed_at=now, generation=workers.c.generation + 1, **extra)
+            .returning(workers.c.name)
+        )
+        return sorted(result.scalars())
+
+    def delete(self, conn: Connection, names, *, from_states=None) -> list[str]:
+        """Delete workers (their rows go with them, by cascade); returns the names deleted."""
+        names = sorted(set(names))
+        if not names:
+            return []
+        condition = [self.db.member_of(workers.c.name, names)]
+        if from_states is not None:
+            condition.append(workers.c.state.in_(from_states))
+        result = conn.execute(delete(workers).where(*condition).returning(workers.c.name))
+        return sorted(result.scalars())
+
+    # Collector queries -------------------------------------------------------------------
+
+    def expired_heartbeats(
+        self, conn: Connection, now: datetime, *, states, ephemeral=None
+    ) -> list[str]:
+        query = select(workers.c.name).where(
+            workers.c.state.in_(states), workers.c.heartbeat_expires_at < now
+        )
+        if ephemeral is not None:
+            query = query.where(workers.c.ephemeral.is_(ephemeral))
+        return sorted(conn.execute(query).scalars())
+
+    def landing_without_active_containers(self, conn: Connection) -> list[str]:
+        active = (
+            select(containers.c.id)
+            .where(
+                containers.c.worker_name == workers.c.name,
+                containers.c.state.in_(("creating", "created")),
+            )
+            .exists()
+        )
+        return sorted(
+            conn.execute(
+                select(workers.c.name).where(workers.c.state == "landing", ~active)
+            ).scalars()
+        )
+
+    def stalled_since_before(self, conn: Connection, cutoff: datetime) -> list[str]:
+        return sorted(
+            conn.execute(
+                select(workers.c.name).where(
+                    workers.c.state == "stalled", workers.c.stalled_at <= cutoff
+                )
+            ).scalars()
+        )
+
+    def count(self, conn: Connection) -> int:
+        return conn.execute(select(func.count()).select_from(workers)).scalar_one()
+
+    def row_counts(self, conn: Connection, name: str) -> dict[str, int]:
+        return {
+            kind: conn.execute(
+                select(func.count()).select_from(table).where(table.c.worker_name == name)
+            ).scalar_one()
+            for kind, table in (("containers", containers), ("volumes", volumes))
+        }

@@ -1,0 +1,85 @@
+"""One collection: the collectors in their fixed order, inside the fence (rule 11)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from gcworker.db.audit import AuditRepository
+from gcworker.db.database import Database
+from gcworker.db.fence import collection_fence
+from gcworker.gc.context import CollectionContext
+from gcworker.gc.missing import MissingRowCollector
+from gcworker.gc.orphaned_volumes import OrphanedVolumeCollector
+from gcworker.gc.stuck_creating import StuckCreatingCollector
+from gcworker.gc.workers import WorkerCollector
+from gcworker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+COLLECTORS = (
+    WorkerCollector(),
+    StuckCreatingCollector(),
+    OrphanedVolumeCollector(),
+    MissingRowCollector(),
+)
+
+
+@dataclass
+class CollectionSummary:
+    outcome: str  # "completed" or "skipped"
+    dry_run: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        if self.outcome == "skipped":
+            return "collection skipped: another collection holds the lock"
+        changes = (
+            ", ".join(f"{n} {what}" for what, n in sorted(self.counts.items())) or "no changes"
+        )
+        prefix = "dry run (nothing changed), would have made" if self.dry_run else "collection"
+        return f"{prefix}: {changes} in {self.seconds:.2f}s"
+
+
+def collect(db: Database, settings: Settings, *, dry_run: bool = False) -> CollectionSummary:
+    started = time.perf_counter()
+    with db.engine.connect() as conn, collection_fence(conn) as held:
+        if not held:
+            log.warning("collection skipped: another collection holds the lock")
+            return CollectionSummary("skipped", dry_run)
+        ctx = CollectionContext(db, settings, conn, dry_run=dry_run)
+        if dry_run:
+            with conn.begin() as outer:
+                _run_collectors(ctx)
+                outer.rollback()
+            with conn.begin():
+                AuditRepository().record(
+                    conn, ctx.pending_audit, actor="collector", now=db.now(conn), dry_run=True
+                )
+        else:
+            _run_collectors(ctx)
+    summary = CollectionSummary(
+        "completed",
+        dry_run,
+        counts={f"{kind}s {_past(action)}": n for (action, kind), n in ctx.counts.items()},
+        seconds=time.perf_counter() - started,
+    )
+    log.info(summary.line())
+    return summary
+
+
+def _run_collectors(ctx: CollectionContext) -> None:
+    for collector in COLLECTORS:
+        collector.run(ctx)
+
+
+def _past(action: str) -> str:
+    return {
+        "stall": "stalled",
+        "delete": "deleted",
+        "land": "landed",
+        "fail": "failed",
+        "destroy": "moved to destroying",
+    }.get(action, action)

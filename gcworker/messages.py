@@ -1,0 +1,58 @@
+"""The events workers send: heartbeats and reports, as versioned JSON validated on arrival."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from gcworker.errors import GcworkerError
+
+MESSAGE_VERSION = 1
+WORKER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+HANDLE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+MAX_HANDLES_PER_KIND = 200_000
+
+WorkerName = Annotated[str, StringConstraints(pattern=WORKER_NAME_PATTERN)]
+Handle = Annotated[str, StringConstraints(pattern=HANDLE_PATTERN)]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = MESSAGE_VERSION
+    worker: WorkerName
+    incarnation: int = Field(ge=0)
+    seq: int = Field(ge=0)
+    clock: datetime | None = None
+
+
+class Heartbeat(_Message):
+    type: Literal["heartbeat"] = "heartbeat"
+    ephemeral: bool = False
+    ttl_seconds: float | None = Field(default=None, gt=0, le=24 * 3600)
+
+
+class Report(_Message):
+    type: Literal["report"] = "report"
+    containers: list[Handle] = Field(max_length=MAX_HANDLES_PER_KIND)
+    volumes: list[Handle] = Field(max_length=MAX_HANDLES_PER_KIND)
+
+    @field_validator("containers", "volumes")
+    @classmethod
+    def _no_duplicates(cls, handles: list[str]) -> list[str]:
+        if len(set(handles)) != len(handles):
+            raise ValueError("a handle is listed twice")
+        return handles
+
+
+def check_handle(handle: str, what: str = "handle") -> str:
+    """Refuse a handle outside the documented syntax (letters, digits, `_.:-`; 128 at most)."""
+    if not re.fullmatch(HANDLE_PATTERN, handle):
+        raise GcworkerError(
+            f"invalid {what} {handle!r}: use 1-128 letters, digits, '_', '.', ':' or '-', "
+            "starting with a letter or digit"
+        )
+    return handle

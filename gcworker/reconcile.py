@@ -1,0 +1,221 @@
+"""Applying one heartbeat or one report to the database, in one transaction each.
+
+This is the code a reconciler task runs, and the code the CLI runs in-process in embedded mode.
+The worker's row is locked first, so that events for one worker apply one at a time whatever
+the number of reconciler processes; the rules decide (`gcworker.rules`), the repositories write.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
+
+from gcworker.db.audit import AuditEntry, AuditRepository
+from gcworker.db.database import Database
+from gcworker.db.inventory import ContainerRepository, InventoryRepository, VolumeRepository
+from gcworker.db.workers import WorkerRepository
+from gcworker.messages import Heartbeat, Report
+from gcworker.rules import (
+    HeartbeatOutcome,
+    ReportOutcome,
+    diff_report,
+    judge_heartbeat,
+    judge_report,
+    report_digest,
+    report_is_unchanged,
+    report_may_mark,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HeartbeatResult:
+    worker: str
+    outcome: HeartbeatOutcome
+    reason: str = ""
+    rows_dropped: int = 0
+    marks_cleared: int = 0
+
+
+@dataclass
+class ReportResult:
+    worker: str
+    outcome: ReportOutcome
+    reason: str = ""
+    fast_path: bool = False
+    marked: dict[str, int] = field(default_factory=dict)
+    cleared: dict[str, int] = field(default_factory=dict)
+    unknown: dict[str, int] = field(default_factory=dict)
+    destroyed: dict[str, int] = field(default_factory=dict)
+    lag: timedelta | None = None
+
+    @property
+    def rows_written(self) -> int:
+        return sum(
+            sum(counts.values())
+            for counts in (self.marked, self.cleared, self.unknown, self.destroyed)
+        )
+
+
+class Reconciler:
+    def __init__(self, db: Database, heartbeat_ttl: timedelta):
+        self.db = db
+        self.heartbeat_ttl = heartbeat_ttl
+        self.workers = WorkerRepository(db)
+        self.inventories: tuple[InventoryRepository, ...] = (
+            ContainerRepository(db),
+            VolumeRepository(db),
+        )
+        self.audit = AuditRepository()
+
+    def heartbeat(self, message: Heartbeat) -> HeartbeatResult:
+        try:
+            return self._heartbeat(message)
+        except IntegrityError:
+            # Two first heartbeats of one worker raced to register it; the loser now finds it.
+            return self._heartbeat(message)
+
+    def _heartbeat(self, message: Heartbeat) -> HeartbeatResult:
+        ttl = timedelta(seconds=message.ttl_seconds) if message.ttl_seconds else self.heartbeat_ttl
+        with self.db.transaction() as conn:
+            now = self.db.now(conn)
+            worker = self.workers.lock(conn, message.worker)
+            decision = judge_heartbeat(worker, message.incarnation, message.seq)
+            result = HeartbeatResult(message.worker, decision.outcome, decision.reason)
+            if decision.outcome is HeartbeatOutcome.REGISTERED:
+                self.workers.register(
+                    conn,
+                    name=message.worker,
+                    ephemeral=message.ephemeral,
+                    incarnation=message.incarnation,
+                    seq=message.seq,
+                    now=now,
+                    ttl=ttl,
+                    worker_clock=message.clock,
+                )
+            elif decision.outcome not in (HeartbeatOutcome.STALE, HeartbeatOutcome.REJECTED):
+                if decision.drops_rows:
+                    result.rows_dropped = self._drop_old_incarnation(
+                        conn, message, worker.incarnation, now
+                    )
+                if decision.clears_marks:
+                    result.marks_cleared = sum(
+                        repo.clear_all_marks(conn, message.worker) for repo in self.inventories
+                    )
+                new_incarnation = decision.outcome is HeartbeatOutcome.NEW_INCARNATION
+                self.workers.record_heartbeat(
+                    conn,
+                    message.worker,
+                    seq=message.seq,
+                    now=now,
+                    ttl=ttl,
+                    worker_clock=message.clock,
+                    ephemeral=message.ephemeral,
+                    incarnation=message.incarnation if new_incarnation else None,
+                    new_state=decision.new_state,
+                    starts_running_period=decision.starts_running_period,
+                )
+        log.info(
+            "heartbeat applied",
+            extra={
+                "worker": message.worker,
+                "outcome": str(result.outcome),
+                "reason": result.reason,
+                "rows_dropped": result.rows_dropped,
+                "marks_cleared": result.marks_cleared,
+            },
+        )
+        return result
+
+    def _drop_old_incarnation(
+        self, conn: Connection, message: Heartbeat, old_incarnation: int, now: datetime
+    ) -> int:
+        """Rule 7: an ephemeral worker's old incarnation took its containers and volumes with it."""
+        counts = {
+            repo.kind: repo.delete_all_of_worker(conn, message.worker) for repo in self.inventories
+        }
+        self.audit.record(
+            conn,
+            [
+                AuditEntry(
+                    "drop_rows",
+                    "worker",
+                    message.worker,
+                    f"ephemeral worker restarted (incarnation {old_incarnation} -> "
+                    f"{message.incarnation}): {counts['container']} containers and "
+                    f"{counts['volume']} volumes of the old incarnation deleted",
+                    worker=message.worker,
+                )
+            ],
+            actor="reconciler",
+            now=now,
+        )
+        return sum(counts.values())
+
+    def report(self, message: Report) -> ReportResult:
+        digest = report_digest(message.containers, message.volumes)
+        reported = {"container": message.containers, "volume": message.volumes}
+        with self.db.transaction() as conn:
+            now = self.db.now(conn)
+            worker = self.workers.lock(conn, message.worker)
+            outcome, reason = judge_report(worker, message.incarnation, message.seq)
+            result = ReportResult(message.worker, outcome, reason)
+            if message.clock is not None:
+                result.lag = now - message.clock
+            if outcome is not ReportOutcome.ACCEPTED:
+                return self._logged(result)
+            may_mark = report_may_mark(worker, message.seq)
+            if may_mark and report_is_unchanged(worker, digest):
+                result.fast_path = True
+            else:
+                for repo in self.inventories:
+                    rows = repo.rows_of_worker(conn, message.worker)
+                    diff = diff_report(rows, reported[repo.kind], may_mark=may_mark)
+                    result.marked[repo.kind] = repo.mark_missing(conn, diff.to_mark, now)
+                    result.cleared[repo.kind] = repo.clear_missing(conn, diff.to_clear)
+                    result.unknown[repo.kind] = repo.record_unknown(
+                        conn, message.worker, diff.unknown, now
+                    )
+                    result.destroyed[repo.kind] = len(
+                        repo.delete_confirmed_destroyed(conn, diff.confirmed_destroyed)
+                    )
+                if result.rows_written:
+                    self.workers.bump_generation(conn, [message.worker])
+            if not may_mark:
+                result.outcome = ReportOutcome.WORKER_NOT_RUNNING
+                result.reason = (
+                    f"worker is {worker.state}"
+                    if worker.state != "running"
+                    else "report was sent before the current running period began"
+                )
+            self.workers.record_report(
+                conn,
+                message.worker,
+                seq=message.seq,
+                worker_clock=message.clock,
+                confirmed_at=now if may_mark else None,
+                digest=digest if may_mark and not result.fast_path else None,
+            )
+        return self._logged(result)
+
+    @staticmethod
+    def _logged(result: ReportResult) -> ReportResult:
+        log.info(
+            "report applied" if result.outcome is ReportOutcome.ACCEPTED else "report ignored",
+            extra={
+                "worker": result.worker,
+                "outcome": str(result.outcome),
+                "reason": result.reason,
+                "fast_path": result.fast_path,
+                "marked": result.marked,
+                "cleared": result.cleared,
+                "unknown": result.unknown,
+                "destroyed": result.destroyed,
+            },
+        )
+        return result

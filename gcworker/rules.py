@@ -1,0 +1,195 @@
+"""The decisions of DESIGN.md's rules as pure functions: no I/O, no clock of their own.
+
+The repositories carry each decision out as one set-based statement; this module decides which
+rows a report or a heartbeat touches and why, so that every rule can be tested on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+
+class ReportOutcome(StrEnum):
+    ACCEPTED = "accepted"
+    STALE = "stale"
+    REJECTED = "rejected"
+    WORKER_NOT_RUNNING = "worker_not_running"
+
+
+class HeartbeatOutcome(StrEnum):
+    REGISTERED = "registered"
+    EXTENDED = "extended"
+    RESUMED = "resumed"
+    NEW_INCARNATION = "new_incarnation"
+    STALE = "stale"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What the rules need to know of a worker row."""
+
+    name: str
+    state: str
+    ephemeral: bool
+    incarnation: int
+    last_heartbeat_seq: int | None
+    last_report_seq: int | None
+    running_since_seq: int | None
+    generation: int = 0
+    report_digest: str | None = None
+    report_generation: int | None = None
+    last_report_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class StoredRow:
+    id: int
+    handle: str
+    state: str
+    missing: bool
+
+
+@dataclass
+class ReportDiff:
+    """Which of a worker's rows one report touches, rule by rule."""
+
+    to_mark: list[int] = field(default_factory=list)
+    to_clear: list[int] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    confirmed_destroyed: list[int] = field(default_factory=list)
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.to_mark or self.to_clear or self.unknown or self.confirmed_destroyed)
+
+
+def judge_report(
+    worker: WorkerView | None, incarnation: int, seq: int
+) -> tuple[ReportOutcome, str]:
+    """Rules 2, 6 and 7: may this report be applied at all?"""
+    if worker is None:
+        return ReportOutcome.WORKER_NOT_RUNNING, "unknown worker (no heartbeat yet)"
+    if incarnation < worker.incarnation:
+        return ReportOutcome.REJECTED, (
+            f"incarnation {incarnation} is older than the current {worker.incarnation}"
+        )
+    if incarnation > worker.incarnation:
+        return ReportOutcome.WORKER_NOT_RUNNING, (
+            f"incarnation {incarnation} has not heartbeated yet (current {worker.incarnation})"
+        )
+    if worker.last_report_seq is not None and seq <= worker.last_report_seq:
+        return ReportOutcome.STALE, (
+            f"sequence {seq} is not above the last accepted {worker.last_report_seq}"
+        )
+    return ReportOutcome.ACCEPTED, ""
+
+
+def report_may_mark(worker: WorkerView, seq: int) -> bool:
+    """Rule 2: only a running worker's report sent in its current running period marks."""
+    return (
+        worker.state == "running"
+        and worker.running_since_seq is not None
+        and seq > worker.running_since_seq
+    )
+
+
+def diff_report(
+    rows: Iterable[StoredRow], reported: Iterable[str], *, may_mark: bool
+) -> ReportDiff:
+    """Rules 1, 3, 8 and 9 for one kind of row (containers or volumes) of one worker."""
+    reported = set(reported)
+    diff = ReportDiff()
+    known: set[str] = set()
+    for row in rows:
+        known.add(row.handle)
+        present = row.handle in reported
+        if present and row.missing:
+            diff.to_clear.append(row.id)  # rule 3
+        elif not present and row.state == "created" and not row.missing and may_mark:
+            diff.to_mark.append(row.id)  # rule 1
+        elif not present and row.state == "destroying":
+            diff.confirmed_destroyed.append(row.id)  # rule 9
+    diff.unknown = sorted(reported - known)  # rule 8
+    return diff
+
+
+def report_digest(containers: Sequence[str], volumes: Sequence[str]) -> str:
+    """A digest of a report's handle lists, as sent (same lists in the same order, same digest)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update("\n".join(containers).encode())
+    digest.update(b"\0")
+    digest.update("\n".join(volumes).encode())
+    return digest.hexdigest()
+
+
+def report_is_unchanged(worker: WorkerView, digest: str) -> bool:
+    """The fast path: the same handles as the last accepted report, and nothing changed since."""
+    return (
+        worker.report_digest == digest
+        and worker.report_generation is not None
+        and worker.report_generation == worker.generation
+    )
+
+
+@dataclass(frozen=True)
+class HeartbeatDecision:
+    outcome: HeartbeatOutcome
+    reason: str = ""
+    starts_running_period: bool = False
+    clears_marks: bool = False
+    drops_rows: bool = False
+    new_state: str | None = None
+
+
+def judge_heartbeat(worker: WorkerView | None, incarnation: int, seq: int) -> HeartbeatDecision:
+    """Rules 5, 6 and 7 for a heartbeat."""
+    if worker is None:
+        return HeartbeatDecision(
+            HeartbeatOutcome.REGISTERED, starts_running_period=True, new_state="running"
+        )
+    if incarnation < worker.incarnation:
+        return HeartbeatDecision(
+            HeartbeatOutcome.REJECTED,
+            f"incarnation {incarnation} is older than the current {worker.incarnation}",
+        )
+    if incarnation > worker.incarnation:  # rule 7
+        resumes = worker.state in ("stalled", "landed")
+        return HeartbeatDecision(
+            HeartbeatOutcome.NEW_INCARNATION,
+            starts_running_period=True,
+            clears_marks=resumes and not worker.ephemeral,
+            drops_rows=worker.ephemeral,
+            new_state="running" if worker.state in ("running", "stalled", "landed") else None,
+        )
+    if worker.last_heartbeat_seq is not None and seq <= worker.last_heartbeat_seq:
+        return HeartbeatDecision(
+            HeartbeatOutcome.STALE,
+            f"sequence {seq} is not above the last accepted {worker.last_heartbeat_seq}",
+        )
+    if worker.state in ("stalled", "landed"):  # rule 5
+        return HeartbeatDecision(
+            HeartbeatOutcome.RESUMED,
+            starts_running_period=True,
+            clears_marks=True,
+            new_state="running",
+        )
+    return HeartbeatDecision(HeartbeatOutcome.EXTENDED)
+
+
+def deletion_cutoff(
+    now: datetime, last_report_at: datetime | None, grace: timedelta
+) -> datetime | None:
+    """Rule 4: rows of a running worker marked at or before this instant may be deleted.
+
+    A row qualifies when it has been missing for the grace period (`missing_since <= now - grace`)
+    and a report received at or after `missing_since + grace` still lacked it
+    (`missing_since <= last_report_at - grace`). Without any such report, nothing qualifies.
+    """
+    if last_report_at is None:
+        return None
+    return min(now, last_report_at) - grace

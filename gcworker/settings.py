@@ -1,0 +1,121 @@
+"""Settings: environment variables `GCWORKER_*` (and the matching CLI flags), checked at start.
+
+Durations are written like `30s`, `5m`, `1h` (or a plain number of seconds). Rule 14: a bad
+value stops the program with one line that names the setting and says what is wrong.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import humanfriendly
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "GCWORKER_"
+DEFAULT_DATABASE_PATH = Path(".gcworker") / "gcworker.db"
+
+
+class SettingsError(ValueError):
+    """A setting is invalid; the message names it."""
+
+
+def parse_duration(value: Any) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float):
+        return timedelta(seconds=value)
+    text = str(value).strip()
+    try:
+        seconds = humanfriendly.parse_timespan(text)
+    except humanfriendly.InvalidTimespan:
+        raise ValueError(f"{text!r} is not a duration (write it like 30s, 5m or 1h)") from None
+    return timedelta(seconds=seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    seconds = value.total_seconds()
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
+
+    database_url: str = Field(default="", description="SQLAlchemy URL; default: a SQLite file")
+    broker_url: str = Field(default="", description="Redis URL; empty: embedded mode")
+    missing_grace_period: Duration = timedelta(minutes=5)
+    report_interval: Duration = timedelta(seconds=30)
+    heartbeat_interval: Duration = timedelta(seconds=30)
+    heartbeat_ttl: Duration | None = None
+    creating_timeout: Duration = timedelta(hours=1)
+    gc_interval: Duration = timedelta(seconds=30)
+    stalled_worker_timeout: Duration = timedelta(0)
+    delete_batch_size: int = Field(default=1000, ge=1)
+
+    @field_validator(
+        "missing_grace_period",
+        "report_interval",
+        "heartbeat_interval",
+        "creating_timeout",
+        "gc_interval",
+    )
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be longer than zero")
+        return value
+
+    @field_validator("stalled_worker_timeout")
+    @classmethod
+    def _not_negative(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must not be negative (0 means never)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.heartbeat_ttl is None:
+            self.heartbeat_ttl = 2 * self.heartbeat_interval
+        if self.heartbeat_ttl < self.heartbeat_interval:
+            raise SettingsError(
+                f"{ENV_PREFIX}HEARTBEAT_TTL={format_duration(self.heartbeat_ttl)} must be at least "
+                f"one heartbeat interval ({ENV_PREFIX}HEARTBEAT_INTERVAL="
+                f"{format_duration(self.heartbeat_interval)})"
+            )
+        if self.missing_grace_period < 2 * self.report_interval:
+            raise SettingsError(
+                f"{ENV_PREFIX}MISSING_GRACE_PERIOD={format_duration(self.missing_grace_period)} "
+                f"must cover at least two report intervals ({ENV_PREFIX}REPORT_INTERVAL="
+                f"{format_duration(self.report_interval)}, so at least "
+                f"{format_duration(2 * self.report_interval)})"
+            )
+        if not self.database_url:
+            self.database_url = f"sqlite:///{DEFAULT_DATABASE_PATH}"
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        return not self.broker_url
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment, with `overrides` (CLI flags) on top; raises SettingsError."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        message = first["msg"].removeprefix("Value error, ")
+        if not field:  # raised by the model validator: the message already names the settings
+            raise SettingsError(message) from None
+        value = overrides.get(field, first.get("input"))
+        raise SettingsError(f"{ENV_PREFIX}{field.upper()}={value}: {message}") from None
