@@ -43,6 +43,14 @@ class ControlPlane:
         with self.db.transaction() as conn:
             return VolumeRepository(self.db).list(conn, worker)
 
+    def destroying_handles(self, worker: str) -> dict[str, list[str]]:
+        """What `worker` should remove: its rows in `destroying`, by kind."""
+        with self.db.transaction() as conn:
+            return {
+                repo.kind: repo.handles_in_state(conn, worker, "destroying")
+                for repo in (ContainerRepository(self.db), VolumeRepository(self.db))
+            }
+
     def events(self, limit: int | None = None) -> list[dict]:
         with self.db.transaction() as conn:
             return AuditRepository().list(conn, limit)

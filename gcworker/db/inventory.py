@@ -39,6 +39,11 @@ class InventoryRepository:
             StoredRow(id_, handle, state, bool(missing)) for id_, handle, state, missing in result
         ]
 
+    def handles_in_state(self, conn: Connection, worker: str, state: str) -> list[str]:
+        t = self.table
+        query = select(t.c.handle).where(t.c.worker_name == worker, t.c.state == state)
+        return sorted(conn.execute(query).scalars())
+
     def find(self, conn: Connection, handle: str, *, lock: bool = False) -> dict | None:
         query = select(self.table).where(self.table.c.handle == handle)
         if lock:
