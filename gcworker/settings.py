@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     gc_interval: Duration = timedelta(seconds=30)
     stalled_worker_timeout: Duration = timedelta(0)
     delete_batch_size: int = Field(default=1000, ge=1)
+    max_deletes_per_collection: int = Field(default=10_000, ge=1)
+    dry_run: bool = False
+    brake_stalled_fraction: float = Field(default=0.5, gt=0, le=1)
+    brake_min_workers: int = Field(default=3, ge=1)
 
     @field_validator(
         "missing_grace_period",

@@ -61,6 +61,10 @@ def _make_sqlite_transactions_immediate(engine: Engine) -> None:
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         cursor.close()
 
+        dbapi_connection.create_function(
+            "gc_minus_seconds", 2, _sqlite_minus_seconds, deterministic=True
+        )
+
     @event.listens_for(engine, "begin")
     def _on_begin(connection):
         connection.exec_driver_sql("BEGIN IMMEDIATE")
@@ -130,8 +134,25 @@ class Database:
     def _array_param(values: list):
         return bindparam(None, _pg_array_literal(values), type_=Text, unique=True)
 
+    def minus(self, timestamp: ColumnElement, duration: timedelta) -> ColumnElement:
+        """`timestamp - duration`, computed by the database."""
+        seconds = duration.total_seconds()
+        if self.is_postgresql:
+            return timestamp - func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+        return func.gc_minus_seconds(timestamp, seconds, type_=timestamp.type)
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+SQLITE_TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # how SQLAlchemy stores DateTime on SQLite
+
+
+def _sqlite_minus_seconds(timestamp: str | None, seconds: float) -> str | None:
+    if timestamp is None:
+        return None
+    shifted = datetime.fromisoformat(timestamp) - timedelta(seconds=seconds)
+    return shifted.strftime(SQLITE_TIMESTAMP_FORMAT)
 
 
 def _pg_array_literal(values: list) -> str:

@@ -9,7 +9,7 @@ and every write is conditional, so that nothing unchanged is rewritten.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Table, delete, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -210,46 +210,55 @@ class InventoryRepository:
     def _may_destroy(self) -> tuple:
         return ()
 
-    def workers_with_rows_missing_since(self, conn: Connection, cutoff: datetime) -> list[str]:
+    def oldest_deletable(
+        self, conn: Connection, now: datetime, grace: timedelta, limit: int
+    ) -> list[tuple[datetime, int, str]]:
+        """Rule 4's candidates, oldest mark first: (missing_since, id, worker) of rows missing
+        for the grace period on a running worker whose last report, received at or after
+        `missing_since + grace`, still lacked them."""
         t = self.table
         query = (
-            select(t.c.worker_name)
-            .where(t.c.missing_since.is_not(None), t.c.missing_since <= cutoff)
+            select(t.c.missing_since, t.c.id, t.c.worker_name)
             .join(workers, workers.c.name == t.c.worker_name)
-            .where(workers.c.state == "running")
-            .distinct()
-        )
-        return sorted(conn.execute(query).scalars())
-
-    def delete_missing(
-        self, conn: Connection, worker: str, cutoff: datetime, limit: int
-    ) -> list[tuple[str, str]]:
-        """Rule 4: delete up to `limit` of a worker's rows missing since `cutoff` or earlier.
-
-        Returns (handle, reason) for every deleted row, oldest mark first.
-        """
-        t = self.table
-        batch = (
-            select(t.c.id)
-            .where(*self._missing_before(worker, cutoff))
+            .where(
+                workers.c.state == "running",
+                t.c.state == "created",
+                t.c.missing_since.is_not(None),
+                t.c.missing_since <= now - grace,
+                t.c.missing_since <= self.db.minus(workers.c.last_report_at, grace),
+            )
             .order_by(t.c.missing_since, t.c.id)
             .limit(limit)
         )
+        return [tuple(row) for row in conn.execute(query)]
+
+    def delete_missing(
+        self, conn: Connection, worker: str, ids: list[int], cutoff: datetime
+    ) -> list[tuple[str, str]]:
+        """Rule 4: delete these rows of `worker` if they are still missing since `cutoff` or
+        earlier. Returns (handle, reason) for every deleted row."""
+        t = self.table
         result = conn.execute(
-            delete(t)
-            .where(t.c.id.in_(batch.scalar_subquery()), *self._missing_before(worker, cutoff))
-            .returning(t.c.handle)
+            delete(t).where(*self._missing_before(worker, ids, cutoff)).returning(t.c.handle)
         )
         return [(handle, "missing") for handle in sorted(result.scalars())]
 
-    def _missing_before(self, worker: str, cutoff: datetime) -> tuple:
+    def _missing_before(self, worker: str, ids: list[int], cutoff: datetime) -> tuple:
         t = self.table
         return (
+            self.db.member_of(t.c.id, ids),
             t.c.worker_name == worker,
             t.c.state == "created",
             t.c.missing_since.is_not(None),
             t.c.missing_since <= cutoff,
         )
+
+    def clear_every_mark(self, conn: Connection) -> int:
+        """Rule 12, on leaving disruption mode: every absence must be seen afresh."""
+        t = self.table
+        return conn.execute(
+            update(t).where(t.c.missing_since.is_not(None)).values(missing_since=None)
+        ).rowcount
 
     def count_missing(self, conn: Connection) -> int:
         t = self.table
@@ -311,26 +320,23 @@ class VolumeRepository(InventoryRepository):
         return sorted(result.all())
 
     def delete_missing(
-        self, conn: Connection, worker: str, cutoff: datetime, limit: int
+        self, conn: Connection, worker: str, ids: list[int], cutoff: datetime
     ) -> list[tuple[str, str]]:
         """Rule 4 for volumes: a missing volume's copy-on-write descendants go with it."""
-        oldest = (
-            select(volumes.c.id)
-            .where(*self._missing_before(worker, cutoff))
-            .order_by(volumes.c.missing_since, volumes.c.id)
-            .limit(limit)
-        )
         subtree = (
-            select(volumes.c.id).where(volumes.c.id.in_(oldest)).cte("subtree", recursive=True)
+            select(volumes.c.id)
+            .where(*self._missing_before(worker, ids, cutoff))
+            .cte("subtree", recursive=True)
         )
         child = volumes.alias("child")
         subtree = subtree.union(select(child.c.id).where(child.c.parent_id == subtree.c.id))
         result = conn.execute(
             delete(volumes)
             .where(volumes.c.id.in_(select(subtree.c.id)))
-            .returning(volumes.c.handle, volumes.c.missing_since)
+            .returning(volumes.c.id, volumes.c.handle)
         )
+        roots = set(ids)
         return sorted(
-            (handle, "missing" if missing_since is not None else "descendant of a missing volume")
-            for handle, missing_since in result
+            (handle, "missing" if id_ in roots else "descendant of a missing volume")
+            for id_, handle in result
         )

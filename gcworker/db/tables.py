@@ -161,3 +161,13 @@ audit_events = Table(
 )
 
 INVENTORY_TABLES = {"container": containers, "volume": volumes}
+
+# One row (id = 1): whether the collector is in disruption mode (rule 12), since when and why.
+control_plane_state = Table(
+    "control_plane_state",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("disruption_since", UTCDateTime, nullable=True),
+    Column("disruption_reason", Text, nullable=True),
+    CheckConstraint("id = 1", name="ck_control_plane_state_single_row"),
+)

@@ -202,8 +202,19 @@ class WorkerRepository:
             ).scalars()
         )
 
-    def count(self, conn: Connection) -> int:
-        return conn.execute(select(func.count()).select_from(workers)).scalar_one()
+    def count_in_states(self, conn: Connection, states) -> int:
+        return conn.execute(
+            select(func.count()).select_from(workers).where(workers.c.state.in_(states))
+        ).scalar_one()
+
+    def restart_every_clock(self, conn: Connection, now: datetime, ttl: timedelta) -> None:
+        """Rule 12, on leaving disruption mode: every heartbeat expiry starts afresh, and every
+        worker's rows count as changed."""
+        conn.execute(
+            update(workers).values(
+                heartbeat_expires_at=now + ttl, generation=workers.c.generation + 1
+            )
+        )
 
     def row_counts(self, conn: Connection, name: str) -> dict[str, int]:
         return {

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gcworker.db.audit import AuditRepository
 from gcworker.db.database import Database
 from gcworker.db.fence import collection_fence
+from gcworker.gc.brake import SafetyBrake
 from gcworker.gc.context import CollectionContext
 from gcworker.gc.missing import MissingRowCollector
 from gcworker.gc.orphaned_volumes import OrphanedVolumeCollector
@@ -19,6 +21,7 @@ from gcworker.settings import Settings
 log = logging.getLogger(__name__)
 
 COLLECTORS = (
+    SafetyBrake(),
     WorkerCollector(),
     StuckCreatingCollector(),
     OrphanedVolumeCollector(),
@@ -43,13 +46,18 @@ class CollectionSummary:
         return f"{prefix}: {changes} in {self.seconds:.2f}s"
 
 
-def collect(db: Database, settings: Settings, *, dry_run: bool = False) -> CollectionSummary:
+def collect(
+    db: Database, settings: Settings, *, dry_run: bool = False,
+    self_check: Callable[[], str | None] | None = None,
+) -> CollectionSummary:
+    """Run one collection; `dry_run` (or the setting) logs and audits, and changes nothing."""
+    dry_run = dry_run or settings.dry_run
     started = time.perf_counter()
     with db.engine.connect() as conn, collection_fence(conn) as held:
         if not held:
             log.warning("collection skipped: another collection holds the lock")
             return CollectionSummary("skipped", dry_run)
-        ctx = CollectionContext(db, settings, conn, dry_run=dry_run)
+        ctx = CollectionContext(db, settings, conn, dry_run=dry_run, self_check=self_check)
         if dry_run:
             with conn.begin() as outer:
                 _run_collectors(ctx)
@@ -63,7 +71,7 @@ def collect(db: Database, settings: Settings, *, dry_run: bool = False) -> Colle
     summary = CollectionSummary(
         "completed",
         dry_run,
-        counts={f"{kind}s {_past(action)}": n for (action, kind), n in ctx.counts.items()},
+        counts={_describe(action, kind): n for (action, kind), n in ctx.counts.items()},
         seconds=time.perf_counter() - started,
     )
     log.info(summary.line())
@@ -75,11 +83,10 @@ def _run_collectors(ctx: CollectionContext) -> None:
         collector.run(ctx)
 
 
-def _past(action: str) -> str:
-    return {
-        "stall": "stalled",
-        "delete": "deleted",
-        "land": "landed",
-        "fail": "failed",
-        "destroy": "moved to destroying",
-    }.get(action, action)
+def _describe(action: str, kind: str) -> str:
+    if kind == "control_plane":
+        return {"enter_disruption": "disruption mode entered",
+                "leave_disruption": "disruption mode left"}[action]
+    past = {"stall": "stalled", "delete": "deleted", "land": "landed", "fail": "failed",
+            "destroy": "moved to destroying"}[action]
+    return f"{kind}s {past}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -32,6 +32,10 @@ class CollectionContext:
     settings: Settings
     conn: Connection
     dry_run: bool = False
+    # Returns why the control plane is itself behind (rule 12), or None; set by the pipeline.
+    self_check: Callable[[], str | None] | None = None
+    # Set by the safety brake at the start of each collection.
+    disrupted: bool = False
     counts: Counter = field(default_factory=Counter)
     pending_audit: list[AuditEntry] = field(default_factory=list)
 

@@ -2,52 +2,75 @@
 the grace period, on a running worker, confirmed by a report received at or after
 `missing_since + grace` that still lacked them. Silence is never evidence.
 
-It works worker by worker, in short batches, each holding that worker's row lock so that no
-report of the worker can interleave with the deletion.
+It plans first (the oldest marks first, across both kinds and all workers, up to the per-
+collection cap), then deletes in short batches, each holding the worker's row lock and checking
+the conditions again, so that a report of that worker can never interleave with a deletion.
+Nothing is deleted in disruption mode (rule 12).
 """
 
 from __future__ import annotations
 
+import heapq
+import logging
+from itertools import groupby
+
 from gcworker.db.audit import AuditEntry
-from gcworker.db.inventory import ContainerRepository, VolumeRepository
+from gcworker.db.inventory import ContainerRepository, InventoryRepository, VolumeRepository
 from gcworker.db.workers import WorkerRepository
 from gcworker.gc.context import CollectionContext
 from gcworker.rules import deletion_cutoff
+
+log = logging.getLogger(__name__)
 
 
 class MissingRowCollector:
     name = "missing"
 
     def run(self, ctx: CollectionContext) -> None:
+        if ctx.disrupted:
+            return
         grace = ctx.settings.missing_grace_period
-        batch_size = ctx.settings.delete_batch_size
+        cap = ctx.settings.max_deletes_per_collection
+        repos = (ContainerRepository(ctx.db), VolumeRepository(ctx.db))
+        with ctx.step() as step:
+            plan = list(heapq.merge(
+                *([(since, repo.kind, worker, id_) for since, id_, worker in
+                   repo.oldest_deletable(step.conn, step.now, grace, cap + 1)] for repo in repos)
+            ))
+        if len(plan) > cap:
+            log.warning("deletion cap reached: the rest wait for the next collection",
+                        extra={"cap": cap, "planned": len(plan)})
+            plan = plan[:cap]
+        by_kind = {repo.kind: repo for repo in repos}
+        batches = sorted(plan, key=lambda item: (item[1], item[2]))
+        for (kind, worker), items in groupby(batches, key=lambda item: (item[1], item[2])):
+            ids = [id_ for *_, id_ in items]
+            for start in range(0, len(ids), ctx.settings.delete_batch_size):
+                chunk = ids[start:start + ctx.settings.delete_batch_size]
+                if not self._delete_batch(ctx, by_kind[kind], worker, chunk):
+                    break
+
+    @staticmethod
+    def _delete_batch(ctx: CollectionContext, repo: InventoryRepository, worker: str,
+                      ids: list[int]) -> bool:
+        """Delete one batch of one worker's rows; False when the worker no longer qualifies."""
         workers = WorkerRepository(ctx.db)
-        for repo in (ContainerRepository(ctx.db), VolumeRepository(ctx.db)):
-            with ctx.step() as step:
-                candidates = repo.workers_with_rows_missing_since(step.conn, step.now - grace)
-            for name in candidates:
-                while True:
-                    with ctx.step() as step:
-                        worker = workers.lock(step.conn, name)
-                        if worker is None or worker.state != "running":
-                            break
-                        cutoff = deletion_cutoff(step.now, worker.last_report_at, grace)
-                        if cutoff is None:
-                            break
-                        deleted = repo.delete_missing(step.conn, name, cutoff, batch_size)
-                        if deleted:
-                            workers.bump_generation(step.conn, [name])
-                        ctx.record(
-                            step,
-                            (
-                                AuditEntry(
-                                    "delete", repo.kind, handle, _reason(reason, grace), worker=name
-                                )
-                                for handle, reason in deleted
-                            ),
-                        )
-                    if len(deleted) < batch_size:
-                        break
+        grace = ctx.settings.missing_grace_period
+        with ctx.step() as step:
+            current = workers.lock(step.conn, worker)
+            if current is None or current.state != "running":
+                return False
+            cutoff = deletion_cutoff(step.now, current.last_report_at, grace)
+            if cutoff is None:
+                return False
+            deleted = repo.delete_missing(step.conn, worker, ids, cutoff)
+            if deleted:
+                workers.bump_generation(step.conn, [worker])
+            ctx.record(step, [
+                AuditEntry("delete", repo.kind, handle, _reason(reason, grace), worker=worker)
+                for handle, reason in deleted
+            ])
+        return True
 
 
 def _reason(reason: str, grace) -> str:

@@ -2,7 +2,8 @@
 
 Running workers whose heartbeat expired stall (ephemeral ones are deleted, rows and all);
 retiring workers that stopped heartbeating are deleted; landing workers land; stalled workers
-past the stalled-worker timeout are pruned.
+past the stalled-worker timeout are pruned. In disruption mode (rule 12) it stalls and deletes
+no one.
 """
 
 from __future__ import annotations
@@ -18,95 +19,54 @@ class WorkerCollector:
     def run(self, ctx: CollectionContext) -> None:
         repo = WorkerRepository(ctx.db)
         with ctx.step() as step:
-            expired = repo.expired_heartbeats(
-                step.conn, step.now, states=("running",), ephemeral=False
-            )
-            stalled = repo.set_state(
-                step.conn,
-                expired,
-                state="stalled",
-                from_states=("running",),
-                now=step.now,
-                stalled_at=step.now,
-            )
-            ctx.record(
-                step,
-                (
-                    AuditEntry("stall", "worker", name, "heartbeat expired", worker=name)
-                    for name in stalled
-                ),
-            )
-            self._delete(
-                ctx,
-                step,
-                repo,
-                repo.expired_heartbeats(
-                    step.conn,
-                    step.now,
-                    states=("running", "stalled"),
-                    ephemeral=True,
-                ),
-                "ephemeral worker's heartbeat expired",
-            )
-            self._delete(
-                ctx,
-                step,
-                repo,
-                repo.expired_heartbeats(
-                    step.conn,
-                    step.now,
-                    states=("retiring",),
-                ),
-                "retiring worker stopped heartbeating",
-            )
-            landing = set(repo.expired_heartbeats(step.conn, step.now, states=("landing",)))
-            landing |= set(repo.landing_without_active_containers(step.conn))
-            landed = repo.set_state(
-                step.conn, landing, state="landed", from_states=("landing",), now=step.now
-            )
-            ctx.record(
-                step,
-                (
-                    AuditEntry(
-                        "land",
-                        "worker",
-                        name,
-                        "landing worker has no active containers or stopped heartbeating",
-                        worker=name,
-                    )
-                    for name in landed
-                ),
-            )
-            timeout = ctx.settings.stalled_worker_timeout
-            if timeout.total_seconds() > 0:
-                self._delete(
-                    ctx,
-                    step,
-                    repo,
-                    repo.stalled_since_before(
-                        step.conn,
-                        step.now - timeout,
-                    ),
-                    f"stalled for longer than the stalled-worker timeout ({timeout})",
-                )
+            if not ctx.disrupted:
+                self._stall_expired(ctx, step, repo)
+                self._delete_gone(ctx, step, repo)
+            self._land(ctx, step, repo)
 
     @staticmethod
-    def _delete(
-        ctx: CollectionContext, step: Step, repo: WorkerRepository, names, reason: str
-    ) -> None:
+    def _stall_expired(ctx: CollectionContext, step: Step, repo: WorkerRepository) -> None:
+        expired = repo.expired_heartbeats(step.conn, step.now, states=("running",), ephemeral=False)
+        stalled = repo.set_state(step.conn, expired, state="stalled", from_states=("running",),
+                                 now=step.now, stalled_at=step.now)
+        ctx.record(step, [AuditEntry("stall", "worker", name, "heartbeat expired", worker=name)
+                          for name in stalled])
+
+    def _delete_gone(self, ctx: CollectionContext, step: Step, repo: WorkerRepository) -> None:
+        ephemeral = repo.expired_heartbeats(step.conn, step.now, states=("running", "stalled"),
+                                            ephemeral=True)
+        self._delete(ctx, step, repo, ephemeral, "ephemeral worker's heartbeat expired")
+        retiring = repo.expired_heartbeats(step.conn, step.now, states=("retiring",))
+        self._delete(ctx, step, repo, retiring, "retiring worker stopped heartbeating")
+        timeout = ctx.settings.stalled_worker_timeout
+        if timeout.total_seconds() > 0:
+            stalled = repo.stalled_since_before(step.conn, step.now - timeout)
+            self._delete(ctx, step, repo, stalled,
+                         f"stalled for longer than the stalled-worker timeout ({timeout})")
+
+    @staticmethod
+    def _land(ctx: CollectionContext, step: Step, repo: WorkerRepository) -> None:
+        landing = set(repo.expired_heartbeats(step.conn, step.now, states=("landing",)))
+        landing |= set(repo.landing_without_active_containers(step.conn))
+        landed = repo.set_state(step.conn, landing, state="landed", from_states=("landing",),
+                                now=step.now)
+        ctx.record(step, [
+            AuditEntry("land", "worker", name,
+                       "landing worker has no active containers or stopped heartbeating",
+                       worker=name)
+            for name in landed
+        ])
+
+    @staticmethod
+    def _delete(ctx: CollectionContext, step: Step, repo: WorkerRepository, names, reason: str):
         counts = {name: repo.row_counts(step.conn, name) for name in names}
         deleted = repo.delete(step.conn, names)
-        ctx.record(
-            step,
-            (
-                AuditEntry(
-                    "delete",
-                    "worker",
-                    name,
-                    f"{reason}; {counts[name]['containers']} containers and "
-                    f"{counts[name]['volumes']} volumes deleted with it",
-                    worker=name,
-                )
-                for name in deleted
-            ),
-        )
+        ctx.record(step, [
+            AuditEntry(
+                "delete", "worker", name,
+                f"{reason}; {counts[name]['containers']} containers and "
+                f"{counts[name]['volumes']} volumes deleted with it",
+                worker=name,
+            )
+            for name in deleted
+        ])
