@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gcworker.gc.brake import brake_reason
+from gcworker.gc.collection import collect
 from gcworker.settings import load_settings
 from tests.conftest import created, states
 
@@ -21,7 +22,9 @@ def _worker_states(plane):
     return {w["name"]: w["state"] for w in plane.workers()}
 
 
-def test_rule12_brake_holds_when_four_of_five_workers_stop_heartbeating(plane, make_worker, advance):
+def test_rule12_brake_holds_when_four_of_five_workers_stop_heartbeating(
+    plane, make_worker, advance
+):
     workers = _fleet(make_worker, plane)
     # Every worker lost its container while the control plane was behind: marked now.
     for w in workers:
@@ -88,7 +91,6 @@ def test_rule12_a_self_check_reason_holds_the_brake(plane, make_worker, advance)
     advance(minutes=6)
     w.heartbeat()
     w.report()
-    from gcworker.gc.collection import collect
 
     summary = collect(plane.db, plane.settings, self_check=lambda: "no reconciler alive")
     assert summary.counts == {"disruption mode entered": 1}
@@ -104,12 +106,12 @@ def test_rule12_brake_reason_threshold(would_stall, running, held):
     assert (reason is not None) == held
 
 
-def test_rule12_deletions_per_collection_are_capped_oldest_first(database_url, db, make_worker,
-                                                                 advance):
+def test_rule12_deletions_per_collection_are_capped_oldest_first(
+    database_url, db, make_worker, advance
+):
     from gcworker.control_plane import ControlPlane
 
-    plane = ControlPlane(load_settings(database_url=database_url, max_deletes_per_collection=2),
-                         db)
+    plane = ControlPlane(load_settings(database_url=database_url, max_deletes_per_collection=2), db)
     w = make_worker()
     created(plane, "w1", "old1", "old2", "new1")
     w.report(containers=["new1"])  # old1, old2 marked first
@@ -125,8 +127,9 @@ def test_rule12_deletions_per_collection_are_capped_oldest_first(database_url, d
     assert states(plane) == {}
 
 
-def test_rule12_dry_run_audits_what_would_be_deleted_and_deletes_nothing(plane, make_worker,
-                                                                         advance):
+def test_rule12_dry_run_audits_what_would_be_deleted_and_deletes_nothing(
+    plane, make_worker, advance
+):
     w = make_worker()
     created(plane, "w1", "c1")
     w.report()

@@ -22,7 +22,9 @@ from gcworker.gc.context import CollectionContext
 log = logging.getLogger(__name__)
 
 
-def brake_reason(would_stall: int, running: int, *, fraction: float, min_workers: int) -> str | None:
+def brake_reason(
+    would_stall: int, running: int, *, fraction: float, min_workers: int
+) -> str | None:
     """Why the brake must hold, or None: too many workers' heartbeats expired at once."""
     if would_stall >= min_workers and would_stall > fraction * running:
         return (
@@ -43,7 +45,8 @@ class SafetyBrake:
             expired = workers.expired_heartbeats(step.conn, step.now, states=("running",))
             running = workers.count_in_states(step.conn, ("running",))
             reason = brake_reason(
-                len(expired), running,
+                len(expired),
+                running,
                 fraction=ctx.settings.brake_stalled_fraction,
                 min_workers=ctx.settings.brake_min_workers,
             )
@@ -51,12 +54,14 @@ class SafetyBrake:
                 reason = ctx.self_check()
             ctx.disrupted = reason is not None
             if reason is not None:
-                log.warning("disruption mode: stalling no one, deleting nothing",
-                            extra={"reason": reason})
+                log.warning(
+                    "disruption mode: stalling no one, deleting nothing", extra={"reason": reason}
+                )
                 if current is None:
                     disruption.enter(step.conn, step.now, reason)
-                    ctx.record(step, [AuditEntry("enter_disruption", "control_plane", "collector",
-                                                 reason)])
+                    ctx.record(
+                        step, [AuditEntry("enter_disruption", "control_plane", "collector", reason)]
+                    )
             elif current is not None:
                 disruption.leave(step.conn)
                 workers.restart_every_clock(step.conn, step.now, ctx.settings.heartbeat_ttl)
@@ -70,5 +75,6 @@ class SafetyBrake:
                     f"{cleared} marks cleared"
                 )
                 log.warning("disruption mode left", extra={"reason": message})
-                ctx.record(step, [AuditEntry("leave_disruption", "control_plane", "collector",
-                                             message)])
+                ctx.record(
+                    step, [AuditEntry("leave_disruption", "control_plane", "collector", message)]
+                )

@@ -47,7 +47,10 @@ class CollectionSummary:
 
 
 def collect(
-    db: Database, settings: Settings, *, dry_run: bool = False,
+    db: Database,
+    settings: Settings,
+    *,
+    dry_run: bool = False,
     self_check: Callable[[], str | None] | None = None,
 ) -> CollectionSummary:
     """Run one collection; `dry_run` (or the setting) logs and audits, and changes nothing."""
@@ -85,8 +88,15 @@ def _run_collectors(ctx: CollectionContext) -> None:
 
 def _describe(action: str, kind: str) -> str:
     if kind == "control_plane":
-        return {"enter_disruption": "disruption mode entered",
-                "leave_disruption": "disruption mode left"}[action]
-    past = {"stall": "stalled", "delete": "deleted", "land": "landed", "fail": "failed",
-            "destroy": "moved to destroying"}[action]
+        return {
+            "enter_disruption": "disruption mode entered",
+            "leave_disruption": "disruption mode left",
+        }[action]
+    past = {
+        "stall": "stalled",
+        "delete": "deleted",
+        "land": "landed",
+        "fail": "failed",
+        "destroy": "moved to destroying",
+    }[action]
     return f"{kind}s {past}"

@@ -33,26 +33,38 @@ class MissingRowCollector:
         cap = ctx.settings.max_deletes_per_collection
         repos = (ContainerRepository(ctx.db), VolumeRepository(ctx.db))
         with ctx.step() as step:
-            plan = list(heapq.merge(
-                *([(since, repo.kind, worker, id_) for since, id_, worker in
-                   repo.oldest_deletable(step.conn, step.now, grace, cap + 1)] for repo in repos)
-            ))
+            plan = list(
+                heapq.merge(
+                    *(
+                        [
+                            (since, repo.kind, worker, id_)
+                            for since, id_, worker in repo.oldest_deletable(
+                                step.conn, step.now, grace, cap + 1
+                            )
+                        ]
+                        for repo in repos
+                    )
+                )
+            )
         if len(plan) > cap:
-            log.warning("deletion cap reached: the rest wait for the next collection",
-                        extra={"cap": cap, "planned": len(plan)})
+            log.warning(
+                "deletion cap reached: the rest wait for the next collection",
+                extra={"cap": cap, "planned": len(plan)},
+            )
             plan = plan[:cap]
         by_kind = {repo.kind: repo for repo in repos}
         batches = sorted(plan, key=lambda item: (item[1], item[2]))
         for (kind, worker), items in groupby(batches, key=lambda item: (item[1], item[2])):
             ids = [id_ for *_, id_ in items]
             for start in range(0, len(ids), ctx.settings.delete_batch_size):
-                chunk = ids[start:start + ctx.settings.delete_batch_size]
+                chunk = ids[start : start + ctx.settings.delete_batch_size]
                 if not self._delete_batch(ctx, by_kind[kind], worker, chunk):
                     break
 
     @staticmethod
-    def _delete_batch(ctx: CollectionContext, repo: InventoryRepository, worker: str,
-                      ids: list[int]) -> bool:
+    def _delete_batch(
+        ctx: CollectionContext, repo: InventoryRepository, worker: str, ids: list[int]
+    ) -> bool:
         """Delete one batch of one worker's rows; False when the worker no longer qualifies."""
         workers = WorkerRepository(ctx.db)
         grace = ctx.settings.missing_grace_period
@@ -66,10 +78,13 @@ class MissingRowCollector:
             deleted = repo.delete_missing(step.conn, worker, ids, cutoff)
             if deleted:
                 workers.bump_generation(step.conn, [worker])
-            ctx.record(step, [
-                AuditEntry("delete", repo.kind, handle, _reason(reason, grace), worker=worker)
-                for handle, reason in deleted
-            ])
+            ctx.record(
+                step,
+                [
+                    AuditEntry("delete", repo.kind, handle, _reason(reason, grace), worker=worker)
+                    for handle, reason in deleted
+                ],
+            )
         return True
 
 

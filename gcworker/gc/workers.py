@@ -27,46 +27,76 @@ class WorkerCollector:
     @staticmethod
     def _stall_expired(ctx: CollectionContext, step: Step, repo: WorkerRepository) -> None:
         expired = repo.expired_heartbeats(step.conn, step.now, states=("running",), ephemeral=False)
-        stalled = repo.set_state(step.conn, expired, state="stalled", from_states=("running",),
-                                 now=step.now, stalled_at=step.now)
-        ctx.record(step, [AuditEntry("stall", "worker", name, "heartbeat expired", worker=name)
-                          for name in stalled])
+        stalled = repo.set_state(
+            step.conn,
+            expired,
+            state="stalled",
+            from_states=("running",),
+            now=step.now,
+            stalled_at=step.now,
+        )
+        ctx.record(
+            step,
+            [
+                AuditEntry("stall", "worker", name, "heartbeat expired", worker=name)
+                for name in stalled
+            ],
+        )
 
     def _delete_gone(self, ctx: CollectionContext, step: Step, repo: WorkerRepository) -> None:
-        ephemeral = repo.expired_heartbeats(step.conn, step.now, states=("running", "stalled"),
-                                            ephemeral=True)
+        ephemeral = repo.expired_heartbeats(
+            step.conn, step.now, states=("running", "stalled"), ephemeral=True
+        )
         self._delete(ctx, step, repo, ephemeral, "ephemeral worker's heartbeat expired")
         retiring = repo.expired_heartbeats(step.conn, step.now, states=("retiring",))
         self._delete(ctx, step, repo, retiring, "retiring worker stopped heartbeating")
         timeout = ctx.settings.stalled_worker_timeout
         if timeout.total_seconds() > 0:
             stalled = repo.stalled_since_before(step.conn, step.now - timeout)
-            self._delete(ctx, step, repo, stalled,
-                         f"stalled for longer than the stalled-worker timeout ({timeout})")
+            self._delete(
+                ctx,
+                step,
+                repo,
+                stalled,
+                f"stalled for longer than the stalled-worker timeout ({timeout})",
+            )
 
     @staticmethod
     def _land(ctx: CollectionContext, step: Step, repo: WorkerRepository) -> None:
         landing = set(repo.expired_heartbeats(step.conn, step.now, states=("landing",)))
         landing |= set(repo.landing_without_active_containers(step.conn))
-        landed = repo.set_state(step.conn, landing, state="landed", from_states=("landing",),
-                                now=step.now)
-        ctx.record(step, [
-            AuditEntry("land", "worker", name,
-                       "landing worker has no active containers or stopped heartbeating",
-                       worker=name)
-            for name in landed
-        ])
+        landed = repo.set_state(
+            step.conn, landing, state="landed", from_states=("landing",), now=step.now
+        )
+        ctx.record(
+            step,
+            [
+                AuditEntry(
+                    "land",
+                    "worker",
+                    name,
+                    "landing worker has no active containers or stopped heartbeating",
+                    worker=name,
+                )
+                for name in landed
+            ],
+        )
 
     @staticmethod
     def _delete(ctx: CollectionContext, step: Step, repo: WorkerRepository, names, reason: str):
         counts = {name: repo.row_counts(step.conn, name) for name in names}
         deleted = repo.delete(step.conn, names)
-        ctx.record(step, [
-            AuditEntry(
-                "delete", "worker", name,
-                f"{reason}; {counts[name]['containers']} containers and "
-                f"{counts[name]['volumes']} volumes deleted with it",
-                worker=name,
-            )
-            for name in deleted
-        ])
+        ctx.record(
+            step,
+            [
+                AuditEntry(
+                    "delete",
+                    "worker",
+                    name,
+                    f"{reason}; {counts[name]['containers']} containers and "
+                    f"{counts[name]['volumes']} volumes deleted with it",
+                    worker=name,
+                )
+                for name in deleted
+            ],
+        )
