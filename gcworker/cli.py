@@ -7,17 +7,15 @@ setting or an impossible request prints one line and exits non-zero, changing no
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from datetime import UTC, datetime
 
 import click
-from rich.console import Console
-from rich.table import Table
 from sqlalchemy.exc import OperationalError
 
 from gcworker import logs
+from gcworker.cli_output import print_rows as _print_rows
 from gcworker.errors import GcworkerError
 from gcworker.messages import Heartbeat, Report
 from gcworker.settings import ENV_PREFIX, Settings, SettingsError, load_settings
@@ -426,27 +424,10 @@ def events(obj: Context, as_json, limit):
     )
 
 
-# Output ------------------------------------------------------------------------------------
+from gcworker.commands.security import dead_letters, keys  # noqa: E402
 
-
-def _jsonable(value):
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    return value
-
-
-def _print_rows(rows: list[dict], columns: list[str], as_json: bool, *, title: str) -> None:
-    if as_json:
-        click.echo(json.dumps([{c: _jsonable(r.get(c)) for c in columns} for r in rows], indent=2))
-        return
-    if not rows:
-        click.echo(f"no {title}")
-        return
-    table = Table(*columns, box=None, pad_edge=False, header_style="bold")
-    for row in rows:
-        table.add_row(*("" if row.get(c) is None else str(_jsonable(row.get(c))) for c in columns))
-    Console(width=200).print(table)
-
+main.add_command(keys)
+main.add_command(dead_letters)
 
 if __name__ == "__main__":
     main()

@@ -4,16 +4,23 @@ collector and the listings to it."""
 
 from __future__ import annotations
 
+import logging
+
+from gcworker.codec import Rejected, decode
 from gcworker.db.audit import AuditRepository
 from gcworker.db.database import Database
 from gcworker.db.inventory import ContainerRepository, VolumeRepository
+from gcworker.db.keys import DeadLetterRepository, KeyRepository
 from gcworker.db.migrate import require_current
 from gcworker.db.workers import WorkerRepository
 from gcworker.fleet import Fleet
 from gcworker.gc.collection import CollectionSummary, collect
-from gcworker.reconcile import Reconciler
+from gcworker.messages import Heartbeat
+from gcworker.reconcile import HeartbeatResult, Reconciler, ReportResult
 from gcworker.scheduler import Scheduler
 from gcworker.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class ControlPlane:
@@ -27,6 +34,57 @@ class ControlPlane:
         self.reconciler = Reconciler(self.db, settings.heartbeat_ttl)
         self.scheduler = Scheduler(self.db)
         self.fleet = Fleet(self.db)
+
+    def receive(self, envelope) -> HeartbeatResult | ReportResult | Rejected:
+        """Decode, check and apply one message as it arrived; a rejected one changes nothing
+        but the dead-letter list."""
+        try:
+            message = decode(
+                envelope,
+                self.public_key_of,
+                allow_unsigned=self.settings.allow_unsigned,
+                max_bytes=self.settings.max_message_bytes,
+            )
+        except Rejected as rejected:
+            self.dead_letter(rejected)
+            return rejected
+        if isinstance(message, Heartbeat):
+            return self.reconciler.heartbeat(message)
+        return self.reconciler.report(message)
+
+    def public_key_of(self, worker: str) -> str | None:
+        with self.db.transaction() as conn:
+            return KeyRepository().active(conn, worker)
+
+    def dead_letter(self, rejected: Rejected) -> None:
+        log.warning(
+            "message rejected", extra={"worker": rejected.worker, "reason": rejected.reason}
+        )
+        with self.db.transaction() as conn:
+            DeadLetterRepository().add(
+                conn,
+                now=self.db.now(conn),
+                worker=rejected.worker,
+                reason=rejected.reason,
+                payload=rejected.payload,
+                keep=self.settings.dead_letter_limit,
+            )
+
+    def dead_letters(self, limit: int | None = None) -> list[dict]:
+        with self.db.transaction() as conn:
+            return DeadLetterRepository().list(conn, limit)
+
+    def register_key(self, worker: str, public_key: str, *, replace: bool = False) -> None:
+        with self.db.transaction() as conn:
+            KeyRepository().register(conn, worker, public_key, self.db.now(conn), replace=replace)
+
+    def revoke_key(self, worker: str) -> None:
+        with self.db.transaction() as conn:
+            KeyRepository().revoke(conn, worker, self.db.now(conn))
+
+    def keys(self) -> list[dict]:
+        with self.db.transaction() as conn:
+            return KeyRepository().list(conn)
 
     def collect(self, *, dry_run: bool = False) -> CollectionSummary:
         return collect(self.db, self.settings, dry_run=dry_run)

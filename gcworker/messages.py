@@ -56,3 +56,13 @@ def check_handle(handle: str, what: str = "handle") -> str:
             "starting with a letter or digit"
         )
     return handle
+
+
+def check_worker_name(name: str) -> str:
+    """Refuse a worker name outside the documented syntax (letters, digits, `_.-`; 64 at most)."""
+    if not re.fullmatch(WORKER_NAME_PATTERN, name):
+        raise GcworkerError(
+            f"invalid worker name {name!r}: use 1-64 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return name

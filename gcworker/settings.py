@@ -63,6 +63,10 @@ class Settings(BaseSettings):
     dry_run: bool = False
     brake_stalled_fraction: float = Field(default=0.5, gt=0, le=1)
     brake_min_workers: int = Field(default=3, ge=1)
+    allow_unsigned: bool = False
+    key_file: Path | None = None
+    max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    dead_letter_limit: int = Field(default=1000, ge=1)
 
     @field_validator(
         "missing_grace_period",

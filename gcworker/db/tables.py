@@ -171,3 +171,26 @@ control_plane_state = Table(
     Column("disruption_reason", Text, nullable=True),
     CheckConstraint("id = 1", name="ck_control_plane_state_single_row"),
 )
+
+# Workers' Ed25519 public keys (base64 of the 32 raw bytes); a revoked key verifies nothing.
+worker_keys = Table(
+    "worker_keys",
+    metadata,
+    Column("worker_name", String(64), primary_key=True),
+    Column("public_key", String(64), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("revoked_at", UTCDateTime, nullable=True),
+)
+
+# Rejected messages with the reason, newest kept, bounded in number.
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("at", UTCDateTime, nullable=False),
+    Column("worker_name", String(64), nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("excerpt", Text, nullable=False),
+)

@@ -1,0 +1,1 @@
+"""CLI commands grouped by concern, each module registered in `gcworker.cli`."""

@@ -1,0 +1,79 @@
+"""Every SQL statement on workers' public keys and on the dead-letter list."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Connection, delete, select, update
+
+from gcworker.db.tables import dead_letters, worker_keys
+from gcworker.errors import Conflict, NotFound
+
+EXCERPT_CHARS = 512
+
+
+class KeyRepository:
+    def register(
+        self, conn: Connection, worker: str, public_key: str, now: datetime, *, replace: bool
+    ) -> None:
+        existing = conn.execute(
+            select(worker_keys.c.revoked_at).where(worker_keys.c.worker_name == worker)
+        ).one_or_none()
+        if existing is not None and existing.revoked_at is None and not replace:
+            raise Conflict(
+                f"worker {worker!r} already has an active key: revoke it first, or pass --replace"
+            )
+        conn.execute(delete(worker_keys).where(worker_keys.c.worker_name == worker))
+        conn.execute(
+            worker_keys.insert().values(worker_name=worker, public_key=public_key, created_at=now)
+        )
+
+    def active(self, conn: Connection, worker: str) -> str | None:
+        return conn.execute(
+            select(worker_keys.c.public_key).where(
+                worker_keys.c.worker_name == worker, worker_keys.c.revoked_at.is_(None)
+            )
+        ).scalar_one_or_none()
+
+    def revoke(self, conn: Connection, worker: str, now: datetime) -> None:
+        revoked = conn.execute(
+            update(worker_keys)
+            .where(worker_keys.c.worker_name == worker, worker_keys.c.revoked_at.is_(None))
+            .values(revoked_at=now)
+        ).rowcount
+        if not revoked:
+            raise NotFound(f"worker {worker!r} has no active key")
+
+    def list(self, conn: Connection) -> list[dict]:
+        query = select(worker_keys).order_by(worker_keys.c.worker_name)
+        return [dict(r._mapping) for r in conn.execute(query)]
+
+
+class DeadLetterRepository:
+    def add(
+        self,
+        conn: Connection,
+        *,
+        now: datetime,
+        worker: str | None,
+        reason: str,
+        payload: str,
+        keep: int,
+    ) -> None:
+        """Keep a rejected message's reason and an excerpt; only the newest `keep` are kept."""
+        conn.execute(
+            dead_letters.insert().values(
+                at=now,
+                worker_name=worker,
+                reason=reason,
+                excerpt=payload[:EXCERPT_CHARS],
+            )
+        )
+        newest = select(dead_letters.c.id).order_by(dead_letters.c.id.desc()).limit(keep)
+        conn.execute(delete(dead_letters).where(dead_letters.c.id.not_in(newest.scalar_subquery())))
+
+    def list(self, conn: Connection, limit: int | None = None) -> list[dict]:
+        query = select(dead_letters).order_by(dead_letters.c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        return [dict(r._mapping) for r in conn.execute(query)]
