@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Table, delete, func, literal, select, update
+from sqlalchemy import Connection, Table, delete, func, literal, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gcworker.db.database import Database
@@ -123,7 +123,10 @@ class InventoryRepository:
             insert(t)
             .from_select(
                 ["handle", "worker_name", "state", "created_at", "state_changed_at"],
-                select(reported.c.value, literal(worker), literal("destroying"), stamp, stamp),
+                # SQLite needs a WHERE before ON CONFLICT in INSERT ... SELECT (parser ambiguity).
+                select(
+                    reported.c.value, literal(worker), literal("destroying"), stamp, stamp
+                ).where(true()),
             )
             .on_conflict_do_nothing(index_elements=["handle"])
         )
