@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from gcworker.messages import Heartbeat, Report
 from gcworker.signing import sign, verify
 
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 Message = Heartbeat | Report
-_message_adapter: TypeAdapter[Message] = TypeAdapter(Message)
+_message_adapter: TypeAdapter[Message] = TypeAdapter(
+    Annotated[Message, Field(discriminator="type")]
+)
 
 
 class Rejected(ValueError):
