@@ -16,11 +16,11 @@ from typing import Annotated, Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import Field, TypeAdapter, ValidationError
 
-from gcworker.messages import Heartbeat, Report
+from gcworker.messages import Heartbeat, Report, UnchangedReport
 from gcworker.signing import sign, verify
 
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-Message = Heartbeat | Report
+Message = Heartbeat | Report | UnchangedReport
 _message_adapter: TypeAdapter[Message] = TypeAdapter(
     Annotated[Message, Field(discriminator="type")]
 )

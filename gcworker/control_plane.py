@@ -15,7 +15,7 @@ from gcworker.db.migrate import require_current
 from gcworker.db.workers import WorkerRepository
 from gcworker.fleet import Fleet
 from gcworker.gc.collection import CollectionSummary, collect
-from gcworker.messages import Heartbeat
+from gcworker.messages import Heartbeat, Report, UnchangedReport
 from gcworker.reconcile import HeartbeatResult, Reconciler, ReportResult
 from gcworker.scheduler import Scheduler
 from gcworker.settings import Settings
@@ -48,8 +48,14 @@ class ControlPlane:
         except Rejected as rejected:
             self.dead_letter(rejected)
             return rejected
+        return self.apply(message)
+
+    def apply(self, message: Heartbeat | Report | UnchangedReport):
+        """Apply one checked message through the reconciler."""
         if isinstance(message, Heartbeat):
             return self.reconciler.heartbeat(message)
+        if isinstance(message, UnchangedReport):
+            return self.reconciler.unchanged(message)
         return self.reconciler.report(message)
 
     def public_key_of(self, worker: str) -> str | None:

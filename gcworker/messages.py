@@ -48,6 +48,17 @@ class Report(_Message):
         return handles
 
 
+class UnchangedReport(_Message):
+    """The compact report: "my handles are those of the full report with this digest".
+
+    The control plane applies it only when the digest is that of the worker's last accepted full
+    report and nothing changed since; otherwise it changes nothing and asks for a full report.
+    """
+
+    type: Literal["unchanged"] = "unchanged"
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+
+
 def check_handle(handle: str, what: str = "handle") -> str:
     """Refuse a handle outside the documented syntax (letters, digits, `_.:-`; 128 at most)."""
     if not re.fullmatch(HANDLE_PATTERN, handle):

@@ -18,7 +18,7 @@ from gcworker.db.audit import AuditEntry, AuditRepository
 from gcworker.db.database import Database
 from gcworker.db.inventory import ContainerRepository, InventoryRepository, VolumeRepository
 from gcworker.db.workers import WorkerRepository
-from gcworker.messages import Heartbeat, Report
+from gcworker.messages import Heartbeat, Report, UnchangedReport
 from gcworker.rules import (
     HeartbeatOutcome,
     ReportOutcome,
@@ -157,17 +157,49 @@ class Reconciler:
         )
         return sum(counts.values())
 
+    def _judge(self, conn: Connection, message: Report | UnchangedReport):
+        """Lock the worker and judge the report (rules 2, 6, 7): (now, worker, result)."""
+        now = self.db.now(conn)
+        worker = self.workers.lock(conn, message.worker)
+        outcome, reason = judge_report(worker, message.incarnation, message.seq)
+        result = ReportResult(message.worker, outcome, reason)
+        if message.clock is not None:
+            result.lag = now - message.clock
+        return now, worker, result
+
+    def unchanged(self, message: UnchangedReport) -> ReportResult:
+        """A compact report: confirms the last full report when nothing changed on either side;
+        otherwise changes nothing and asks for a full report."""
+        with self.db.transaction() as conn:
+            now, worker, result = self._judge(conn, message)
+            if result.outcome is not ReportOutcome.ACCEPTED:
+                return self._logged(result)
+            if not report_may_mark(worker, message.seq):
+                result.outcome = ReportOutcome.FULL_REPORT_NEEDED
+                result.reason = (
+                    f"worker is {worker.state} or the report predates its running period"
+                )
+            elif not report_is_unchanged(worker, message.digest):
+                result.outcome = ReportOutcome.FULL_REPORT_NEEDED
+                result.reason = "digest unknown, or the worker's rows changed since that report"
+            else:
+                result.fast_path = True
+                self.workers.record_report(
+                    conn,
+                    message.worker,
+                    seq=message.seq,
+                    worker_clock=message.clock,
+                    confirmed_at=now,
+                    digest=None,
+                )
+        return self._logged(result)
+
     def report(self, message: Report) -> ReportResult:
         digest = report_digest(message.containers, message.volumes)
         reported = {"container": message.containers, "volume": message.volumes}
         with self.db.transaction() as conn:
-            now = self.db.now(conn)
-            worker = self.workers.lock(conn, message.worker)
-            outcome, reason = judge_report(worker, message.incarnation, message.seq)
-            result = ReportResult(message.worker, outcome, reason)
-            if message.clock is not None:
-                result.lag = now - message.clock
-            if outcome is not ReportOutcome.ACCEPTED:
+            now, worker, result = self._judge(conn, message)
+            if result.outcome is not ReportOutcome.ACCEPTED:
                 return self._logged(result)
             may_mark = report_may_mark(worker, message.seq)
             if may_mark and report_is_unchanged(worker, digest):

@@ -18,6 +18,7 @@ class ReportOutcome(StrEnum):
     STALE = "stale"
     REJECTED = "rejected"
     WORKER_NOT_RUNNING = "worker_not_running"
+    FULL_REPORT_NEEDED = "full_report_needed"
 
 
 class HeartbeatOutcome(StrEnum):
