@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, func, select
 
-COLLECTION_LOCK_KEY = 0x6763_776F_726B_6572 & 0x7FFF_FFFF_FFFF_FFFF  # "gcworker"
+COLLECTION_LOCK_KEY = 0x6763_776F  # "gcwo"; the second key is the schema's, see _lock_keys
 _memory_lock = threading.Lock()
 
 
@@ -43,7 +43,7 @@ def collection_fence(conn: Connection) -> Iterator[bool]:
 
 @contextlib.contextmanager
 def _advisory_lock(conn: Connection) -> Iterator[bool]:
-    held = conn.execute(select(func.pg_try_advisory_lock(COLLECTION_LOCK_KEY))).scalar_one()
+    held = conn.execute(select(func.pg_try_advisory_lock(*_lock_keys()))).scalar_one()
     conn.commit()
     try:
         yield held
@@ -51,8 +51,14 @@ def _advisory_lock(conn: Connection) -> Iterator[bool]:
         if held:
             if conn.in_transaction():
                 conn.rollback()
-            conn.execute(select(func.pg_advisory_unlock(COLLECTION_LOCK_KEY)))
+            conn.execute(select(func.pg_advisory_unlock(*_lock_keys())))
             conn.commit()
+
+
+def _lock_keys():
+    # Advisory locks are database-wide: one gcworker schema's collections must not fence out
+    # another's (several schemas in one PostgreSQL database, as the tests use).
+    return COLLECTION_LOCK_KEY, func.hashtext(func.current_schema())
 
 
 @contextlib.contextmanager
