@@ -35,6 +35,9 @@ class CollectionSummary:
     dry_run: bool = False
     counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    # Wall-clock instants (time.time()) at which the fence was taken and about to be released.
+    fenced_from: float | None = None
+    fenced_until: float | None = None
 
     def line(self) -> str:
         if self.outcome == "skipped":
@@ -60,6 +63,7 @@ def collect(
         if not held:
             log.warning("collection skipped: another collection holds the lock")
             return CollectionSummary("skipped", dry_run)
+        fenced_from = time.time()
         ctx = CollectionContext(db, settings, conn, dry_run=dry_run, self_check=self_check)
         if dry_run:
             with conn.begin() as outer:
@@ -71,11 +75,14 @@ def collect(
                 )
         else:
             _run_collectors(ctx)
+        fenced_until = time.time()
     summary = CollectionSummary(
         "completed",
         dry_run,
         counts={_describe(action, kind): n for (action, kind), n in ctx.counts.items()},
         seconds=time.perf_counter() - started,
+        fenced_from=fenced_from,
+        fenced_until=fenced_until,
     )
     log.info(summary.line())
     return summary
