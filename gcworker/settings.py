@@ -51,6 +51,12 @@ class Settings(BaseSettings):
 
     database_url: str = Field(default="", description="SQLAlchemy URL; default: a SQLite file")
     broker_url: str = Field(default="", description="Redis URL; empty: embedded mode")
+    # Prefix of every Redis key the pipeline uses (queues, beat schedule, destroying lists), so
+    # that several control planes (or test runs) can share one Redis.
+    broker_namespace: str = Field(default="gcworker", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    # How long a reserved, unacknowledged message waits for its reconciler before the broker
+    # hands it to another (a reconciler host that died mid-task).
+    broker_visibility_timeout: Duration = timedelta(minutes=5)
     missing_grace_period: Duration = timedelta(minutes=5)
     report_interval: Duration = timedelta(seconds=30)
     heartbeat_interval: Duration = timedelta(seconds=30)
@@ -74,6 +80,7 @@ class Settings(BaseSettings):
         "heartbeat_interval",
         "creating_timeout",
         "gc_interval",
+        "broker_visibility_timeout",
     )
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:
