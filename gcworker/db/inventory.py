@@ -333,11 +333,12 @@ class VolumeRepository(InventoryRepository):
         )
         child = volumes.alias("child")
         subtree = subtree.union(select(child.c.id).where(child.c.parent_id == subtree.c.id))
+        # Read the subtree before deleting it: SQLite evaluates the CTE while it deletes, and the
+        # foreign-key cascade removes descendants unseen by RETURNING (and so unaudited).
         result = conn.execute(
-            delete(volumes)
-            .where(volumes.c.id.in_(select(subtree.c.id)))
-            .returning(volumes.c.id, volumes.c.handle)
-        )
+            select(volumes.c.id, volumes.c.handle).where(volumes.c.id.in_(select(subtree.c.id)))
+        ).all()
+        conn.execute(delete(volumes).where(self.db.member_of(volumes.c.id, [r.id for r in result])))
         roots = set(ids)
         return sorted(
             (handle, "missing" if id_ in roots else "descendant of a missing volume")
