@@ -429,5 +429,9 @@ from gcworker.commands.security import dead_letters, keys  # noqa: E402
 main.add_command(keys)
 main.add_command(dead_letters)
 
+from gcworker.commands.demo import demo  # noqa: E402
+
+main.add_command(demo)
+
 if __name__ == "__main__":
     main()

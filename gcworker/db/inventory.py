@@ -179,7 +179,8 @@ class InventoryRepository:
             conn.execute(
                 update(t)
                 .where(t.c.handle == handle, t.c.state.in_(tuple(from_states)))
-                .values(state=to_state, state_changed_at=now)
+                # A mark belongs to `created` rows only (ck_*_missing_only_created).
+                .values(state=to_state, state_changed_at=now, missing_since=None)
             ).rowcount
             == 1
         )
