@@ -433,5 +433,12 @@ from gcworker.commands.demo import demo  # noqa: E402
 
 main.add_command(demo)
 
+from gcworker.commands.pipeline import beat, reconciler, reporter, up  # noqa: E402
+
+main.add_command(reporter)
+main.add_command(reconciler)
+main.add_command(beat)
+main.add_command(up)
+
 if __name__ == "__main__":
     main()

@@ -27,10 +27,9 @@ class InProcessChannel:
         self.plane = plane
 
     def send(self, message: Heartbeat | Report) -> None:
-        if isinstance(message, Heartbeat):
-            self.plane.reconciler.heartbeat(message)
-        else:
-            self.plane.reconciler.report(message)
+        from gcworker import pipeline  # the same code (and metrics) as the reconciler's tasks
+
+        pipeline.apply(self.plane, message)
 
     def destroying(self, worker: str) -> dict[str, list[str]]:
         return self.plane.destroying_handles(worker)

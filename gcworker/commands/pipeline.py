@@ -1,0 +1,387 @@
+"""The running system: `gcworker reporter`, `reconciler`, `beat` and `up`.
+
+- `reporter` runs on a worker host: heartbeats and reports of a runtime's inventory, and removal
+  of what the control plane destroys. Embedded mode applies its events in-process; with
+  `GCWORKER_BROKER_URL` it publishes them to Redis.
+- `reconciler` is a Celery worker of `tasks.app` (heartbeats, reports, collections); `beat` is
+  Celery beat with the redbeat scheduler (collections every GC interval, one beat active).
+- `up` runs the control plane on one host: embedded, the collector every GC interval; with a
+  broker, a reconciler, beat and optionally Flower as child processes, stopped together.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from datetime import UTC, datetime
+
+import click
+
+from gcworker.errors import GcworkerError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_UP_METRICS_PORT = 9180
+EXIT_CHILD_FAILED = 1
+
+
+def _fail(message: str, code: int = 1):
+    click.echo(f"gcworker: {message}", err=True)
+    sys.exit(code)
+
+
+def _log_level() -> str:
+    return logging.getLevelName(logging.getLogger().level)
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT (Ctrl-C): the command winds down and exits 0."""
+    stop = threading.Event()
+
+    def handler(signum, _frame):
+        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def _require_broker(settings, command: str) -> None:
+    if settings.embedded:
+        _fail(
+            f"`gcworker {command}` needs a broker: set GCWORKER_BROKER_URL (e.g. "
+            "redis://127.0.0.1:6379/0); without one, run `gcworker up` (embedded mode)",
+            2,
+        )
+
+
+# Reporter ------------------------------------------------------------------------------------
+
+
+class MeteredChannel:
+    """A channel that counts what it sends and never lets a broker hiccup kill the reporter:
+    a message that cannot be published is logged, counted and dropped (the next heartbeat or
+    report carries the news; rule 6 makes the order irrelevant)."""
+
+    def __init__(self, channel):
+        self.channel = channel
+
+    def send(self, message) -> None:
+        from gcworker import metrics
+
+        try:
+            self.channel.send(message)
+        except Exception as error:  # noqa: BLE001 - keep reporting whatever the broker does
+            metrics.REPORTER_SEND_FAILURES.labels(message.type).inc()
+            log.warning(
+                "send failed: message dropped, the next one carries the news",
+                extra={"worker": message.worker, "type": message.type, "error": str(error)},
+            )
+            return
+        metrics.REPORTER_SENT.labels(message.type).inc()
+
+    def destroying(self, worker: str) -> dict[str, list[str]]:
+        try:
+            return self.channel.destroying(worker)
+        except Exception as error:  # noqa: BLE001 - nothing is removed this time
+            log.warning(
+                "cannot read what to destroy: nothing removed this time",
+                extra={"worker": worker, "error": str(error)},
+            )
+            return {}
+
+    def close(self) -> None:
+        close = getattr(self.channel, "close", None)
+        if close is not None:
+            close()
+        plane = getattr(self.channel, "plane", None)
+        if plane is not None:
+            plane.close()
+
+
+class MeteredRuntime:
+    """A runtime that counts listings and removals; a failed removal is logged, not fatal."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def inventory(self):
+        from gcworker import metrics
+        from gcworker.runtimes import RuntimeError_
+
+        try:
+            inventory = self.runtime.inventory()
+        except RuntimeError_:
+            metrics.REPORTER_LISTING_FAILURES.inc()
+            raise
+        metrics.REPORTER_HANDLES.labels("container").set(len(inventory.containers))
+        metrics.REPORTER_HANDLES.labels("volume").set(len(inventory.volumes))
+        return inventory
+
+    def create(self, kind: str, handle: str) -> None:
+        self.runtime.create(kind, handle)
+
+    def destroy(self, kind: str, handle: str) -> None:
+        from gcworker import metrics
+        from gcworker.runtimes import RuntimeError_
+
+        try:
+            self.runtime.destroy(kind, handle)
+        except RuntimeError_ as error:
+            log.warning(
+                "removal failed: retried after the next report",
+                extra={"kind": kind, "handle": handle, "error": str(error)},
+            )
+            return
+        metrics.REPORTER_REMOVED.labels(kind).inc()
+        log.info("removed", extra={"kind": kind, "handle": handle, "why": "destroying"})
+
+
+@click.command()
+@click.option("--worker", required=True, help="The worker's name.")
+@click.option(
+    "--runtime",
+    "runtime_spec",
+    required=True,
+    metavar="KIND:ARG",
+    help="Where the inventory comes from, e.g. dir:/var/lib/worker.",
+)
+@click.option("--ephemeral", is_flag=True, help="The worker's rows die with it (no stalling).")
+@click.option("--once", is_flag=True, help="One heartbeat and one report, then exit.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, help="Serve /metrics.")
+@click.pass_obj
+def reporter(obj, worker, runtime_spec, ephemeral, once, metrics_port):
+    """Heartbeat and report WORKER's inventory, and remove what the control plane destroys.
+
+    A new incarnation at each start; a heartbeat every heartbeat-interval and a complete report
+    every report-interval; after each report, up to a few of the handles the control plane holds
+    as destroying are removed from the runtime. A listing that fails sends no report. SIGTERM
+    or Ctrl-C stops it after the current step.
+    """
+    from gcworker.delivery import open_channel
+    from gcworker.messages import check_worker_name
+    from gcworker.reporter import Reporter
+    from gcworker.runtimes import load_runtime
+
+    settings = obj.settings
+    check_worker_name(worker)
+    runtime = MeteredRuntime(load_runtime(runtime_spec))
+    stop = _stop_on_signals()
+    if metrics_port:
+        from gcworker import metrics
+
+        metrics.serve(metrics_port)
+    channel = MeteredChannel(open_channel(settings))
+    agent = Reporter(
+        worker,
+        runtime,
+        channel,
+        heartbeat_interval=settings.heartbeat_interval.total_seconds(),
+        report_interval=settings.report_interval.total_seconds(),
+        ephemeral=ephemeral,
+    )
+    log.info(
+        "reporter started",
+        extra={
+            "worker": worker,
+            "incarnation": agent.incarnation,
+            "runtime": runtime_spec,
+            "mode": "embedded" if settings.embedded else "broker",
+        },
+    )
+    try:
+        agent.run(stop, once=once)
+    finally:
+        channel.close()
+    log.info("reporter stopped", extra={"worker": worker})
+
+
+# Reconciler and beat -------------------------------------------------------------------------
+
+
+def _queues(value: str) -> list[str]:
+    from tasks.routing import QUEUES
+
+    roles = [q.strip() for q in value.split(",") if q.strip()]
+    try:
+        QUEUES.named(roles)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    return roles
+
+
+@click.command()
+@click.option(
+    "--queues",
+    default="heartbeats,reports,collect",
+    show_default=True,
+    help="Which queues to consume (a host may run one reconciler per queue).",
+)
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=None, help="[CPUs]")
+@click.option("--name", "node_name", default=None, help="Celery node name, e.g. r1@%h.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, help="Serve /metrics.")
+@click.pass_obj
+def reconciler(obj, queues, concurrency, node_name, metrics_port):
+    """Run a reconciler: a Celery worker applying heartbeats and reports, and collections.
+
+    Any number may run, on any hosts. This process becomes the Celery worker (same process id).
+    """
+    from gcworker import processes
+    from tasks.app import METRICS_DIR_TEMPORARY_ENV, METRICS_PORT_ENV
+
+    settings = obj.settings
+    _require_broker(settings, "reconciler")
+    obj.control_plane().close()  # the schema is current, or say so now
+    env = processes.settings_environment(obj.overrides)
+    if metrics_port:
+        env[METRICS_PORT_ENV] = str(metrics_port)
+        if not env.get("PROMETHEUS_MULTIPROC_DIR"):
+            env["PROMETHEUS_MULTIPROC_DIR"] = processes.fresh_metrics_dir()
+            env[METRICS_DIR_TEMPORARY_ENV] = env["PROMETHEUS_MULTIPROC_DIR"]
+    argv = processes.reconciler_argv(
+        queues=_queues(queues),
+        concurrency=concurrency,
+        node_name=node_name,
+        log_level=_log_level(),
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, env)
+
+
+@click.command()
+@click.pass_obj
+def beat(obj):
+    """Run Celery beat (redbeat): a collection every GC interval; one beat of many is active.
+
+    This process becomes Celery beat (same process id).
+    """
+    from gcworker import processes
+
+    _require_broker(obj.settings, "beat")
+    env = processes.settings_environment(obj.overrides)
+    argv = processes.beat_argv(log_level=_log_level())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, env)
+
+
+# Up ------------------------------------------------------------------------------------------
+
+
+@click.command()
+@click.option("--flower", is_flag=True, help="Also run Flower (broker mode).")
+@click.option("--flower-port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_UP_METRICS_PORT,
+    show_default=True,
+    help="Serve /metrics here; 0: do not.",
+)
+@click.option(
+    "--concurrency", "-c", type=click.IntRange(min=1), default=None, help="Reconciler processes."
+)
+@click.pass_obj
+def up(obj, flower, flower_port, metrics_port, concurrency):
+    """Run the control plane on this host until Ctrl-C or SIGTERM.
+
+    Embedded (no GCWORKER_BROKER_URL): the collector every GC interval, in this process;
+    reporters apply their own events in-process. With a broker: a reconciler, beat and, with
+    --flower, Flower, as child processes, all stopped together.
+    """
+    plane = obj.control_plane()  # the schema is current, or say so now
+    if obj.settings.embedded:
+        _up_embedded(plane, metrics_port)
+    else:
+        plane.close()
+        _up_broker(obj, flower, flower_port, metrics_port, concurrency)
+
+
+def _up_embedded(plane, metrics_port: int) -> None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gcworker import pipeline
+
+    settings = plane.settings
+    stop = _stop_on_signals()
+    if metrics_port:
+        from gcworker import metrics
+
+        metrics.serve(metrics_port)
+    interval = settings.gc_interval.total_seconds()
+    click.echo(
+        f"gcworker up (embedded, {plane.db.engine.url.render_as_string(hide_password=True)}): "
+        f"collecting every {interval:g}s; reporters apply their events in-process"
+        + (f"; metrics on :{metrics_port}/metrics" if metrics_port else "")
+        + ". Ctrl-C to stop."
+    )
+    while not stop.is_set():
+        try:
+            summary = pipeline.run_collection(plane)
+            click.echo(f"{datetime.now(UTC):%H:%M:%S} {summary.line()}")
+        except (SQLAlchemyError, GcworkerError) as error:
+            click.echo(f"{datetime.now(UTC):%H:%M:%S} collection failed: {error}", err=True)
+        stop.wait(interval)
+    plane.close()
+    click.echo("gcworker up: stopped")
+
+
+def _up_broker(obj, flower: bool, flower_port: int, metrics_port: int, concurrency) -> None:
+    from gcworker import processes
+
+    stop = _stop_on_signals()
+    env = processes.settings_environment(obj.overrides)
+    metrics_dir = processes.fresh_metrics_dir()
+    worker_env = {**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+    level = _log_level()
+    supervisor = processes.Supervisor()
+    exit_code = 0
+    try:
+        supervisor.start(
+            "reconciler",
+            processes.reconciler_argv(concurrency=concurrency, log_level=level),
+            worker_env,
+        )
+        supervisor.start("beat", processes.beat_argv(log_level=level), env)
+        if flower:
+            supervisor.start("flower", processes.flower_argv(port=flower_port), env)
+        if metrics_port:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+            from gcworker import metrics
+
+            metrics.serve(metrics_port)
+        parts = [f"{c.name} (pid {c.pid})" for c in supervisor.children]
+        click.echo(
+            f"gcworker up (broker {_redacted(obj.settings.broker_url)}): "
+            + ", ".join(parts)
+            + (f"; Flower on http://127.0.0.1:{flower_port}" if flower else "")
+            + (f"; metrics on http://127.0.0.1:{metrics_port}/metrics" if metrics_port else "")
+            + ". Ctrl-C to stop."
+        )
+        while not stop.wait(0.5):
+            gone = supervisor.exited()
+            if gone is not None:
+                click.echo(
+                    f"gcworker up: {gone.name} exited with code {gone.process.returncode}: "
+                    "stopping everything",
+                    err=True,
+                )
+                exit_code = EXIT_CHILD_FAILED
+                break
+    finally:
+        supervisor.stop()
+        processes.remove_tree(metrics_dir)
+    click.echo("gcworker up: stopped")
+    if exit_code:
+        sys.exit(exit_code)
+
+
+def _redacted(url: str) -> str:
+    from kombu.utils.url import maybe_sanitize_url
+
+    return maybe_sanitize_url(url)

@@ -1,0 +1,180 @@
+"""The destroying hand-off: how a reporter learns, in broker mode, which of its worker's handles
+the control plane holds as `destroying` (so that the worker removes them, rules 8-10).
+
+The reporter cannot read the database, and the reconciler cannot reach the worker; they meet in
+Redis. After applying each report, the reconciler task leaves there a *snapshot* of the worker's
+destroying handles, and the reporter reads the latest snapshot after each report it sends.
+
+Keys (N is `GCWORKER_BROKER_NAMESPACE`, W the worker's name; `{W}` is a Redis Cluster hash tag,
+so one worker's keys share a slot and one script can replace them together):
+
+    N:destroying:{W}:container   SET of container handles the worker should remove
+    N:destroying:{W}:volume      SET of volume handles the worker should remove
+    N:destroying:{W}:version     the snapshot's version (below), as an integer
+
+Writing (`publish_snapshot`, run by the report task after the report's transaction commits):
+
+1. One short transaction locks the worker's row, exactly as a report does, reads the control
+   plane's clock (the database's), and the worker's `destroying` handles, at most
+   `SNAPSHOT_LIMIT` per kind (the reporter removes only a few per report anyway).
+   The clock read under the lock is the snapshot's version: snapshots of one worker are taken
+   one at a time in lock order, so a later snapshot always has a higher version and reflects
+   everything committed before it.
+2. One Lua script replaces the three keys if, and only if, its version is higher than the stored
+   one. Two reconcilers that finish out of order therefore cannot put an older snapshot over a
+   newer one; the replacement is atomic, so a reader never sees half of a snapshot.
+3. Every key expires after `key_ttl` (ten report intervals, at least ten minutes): a worker
+   that stops reporting leaves nothing behind, and its reporter then simply removes nothing.
+
+Reading (`read`, by `gcworker.broker.BrokerChannel.destroying`): both sets in one MULTI.
+
+Why a late or stale snapshot is harmless: `destroying` is a terminal state (a row leaves it only
+by being deleted, rule 9), so every handle a snapshot ever listed is one the control plane
+wanted gone; removing a handle that is already gone is not an error in any runtime. Handles are
+unique and never reused for a new container or volume. A change made between reports (the
+scheduler destroying a container, the collector failing a stuck one) reaches the reporter with
+the snapshot that follows the worker's next report.
+
+Room for more answers: other per-worker replies of the control plane to the reporter (such as
+"send a full report" after a compact unchanged report it could not confirm) belong under the
+same `N:…:{W}:…` keys, written by the same versioned script.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from gcworker.db.database import Database
+from gcworker.db.tables import INVENTORY_TABLES
+from gcworker.db.workers import WorkerRepository
+
+log = logging.getLogger(__name__)
+
+KINDS = ("container", "volume")
+SNAPSHOT_LIMIT = 1000
+MIN_KEY_TTL = timedelta(minutes=10)
+
+_REPLACE_IF_NEWER = """
+local current = redis.call('GET', KEYS[3])
+if current and tonumber(current) >= tonumber(ARGV[1]) then
+  return 0
+end
+local ttl = tonumber(ARGV[2])
+local containers = tonumber(ARGV[3])
+redis.call('DEL', KEYS[1], KEYS[2])
+local function fill(key, first, last)
+  if last < first then return end
+  for s = first, last, 500 do
+    redis.call('SADD', key, unpack(ARGV, s, math.min(s + 499, last)))
+  end
+  redis.call('EXPIRE', key, ttl)
+end
+fill(KEYS[1], 4, 3 + containers)
+fill(KEYS[2], 4 + containers, #ARGV)
+redis.call('SET', KEYS[3], ARGV[1], 'EX', ttl)
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    worker: str
+    version: int  # the control plane's clock, in microseconds since the epoch
+    handles: dict[str, list[str]] = field(default_factory=dict)
+
+
+def take_snapshot(db: Database, worker: str, limit: int = SNAPSHOT_LIMIT) -> Snapshot:
+    """The worker's destroying handles, read under its row lock, versioned by the DB clock."""
+    with db.transaction() as conn:
+        WorkerRepository(db).lock(conn, worker)
+        now = db.now(conn)
+        handles = {}
+        for kind in KINDS:
+            table = INVENTORY_TABLES[kind]
+            handles[kind] = list(
+                conn.execute(
+                    select(table.c.handle)
+                    .where(table.c.worker_name == worker, table.c.state == "destroying")
+                    .order_by(table.c.id)
+                    .limit(limit)
+                ).scalars()
+            )
+    return Snapshot(worker, int(now.timestamp() * 1_000_000), handles)
+
+
+class DestroyingBoard:
+    """The Redis side of the hand-off: the reconciler publishes snapshots, the reporter reads."""
+
+    def __init__(self, redis_client, namespace: str, key_ttl: timedelta = MIN_KEY_TTL):
+        self.redis = redis_client
+        self.namespace = namespace
+        self.key_ttl = max(key_ttl, MIN_KEY_TTL)
+        self._replace = redis_client.register_script(_REPLACE_IF_NEWER)
+
+    @classmethod
+    def from_settings(cls, settings, redis_client=None) -> DestroyingBoard:
+        import redis
+
+        client = redis_client or redis.Redis.from_url(settings.broker_url, decode_responses=True)
+        return cls(client, settings.broker_namespace, 10 * settings.report_interval)
+
+    def keys(self, worker: str) -> tuple[str, str, str]:
+        base = f"{self.namespace}:destroying:{{{worker}}}"
+        return f"{base}:container", f"{base}:volume", f"{base}:version"
+
+    def publish(self, snapshot: Snapshot) -> bool:
+        """Store the snapshot unless a newer one is there; True if it was stored."""
+        containers = snapshot.handles.get("container", [])
+        volumes = snapshot.handles.get("volume", [])
+        stored = self._replace(
+            keys=list(self.keys(snapshot.worker)),
+            args=[
+                snapshot.version,
+                int(self.key_ttl.total_seconds()),
+                len(containers),
+                *containers,
+                *volumes,
+            ],
+        )
+        return bool(stored)
+
+    def read(self, worker: str) -> dict[str, list[str]]:
+        """kind -> handles the worker should remove, from the newest snapshot (empty if none)."""
+        container_key, volume_key, _ = self.keys(worker)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.smembers(container_key)
+        pipe.smembers(volume_key)
+        containers, volumes = pipe.execute()
+        return {"container": sorted(containers), "volume": sorted(volumes)}
+
+    def version(self, worker: str) -> int | None:
+        value = self.redis.get(self.keys(worker)[2])
+        return int(value) if value is not None else None
+
+
+def publish_snapshot(db: Database, board: DestroyingBoard, worker: str) -> Snapshot | None:
+    """Take and publish the worker's snapshot; a failure is logged, never raised (the report
+    itself is committed, and the next report publishes a fresh snapshot)."""
+    try:
+        snapshot = take_snapshot(db, worker)
+        stored = board.publish(snapshot)
+    except Exception as error:  # noqa: BLE001 - the hand-off must never fail a committed report
+        log.warning(
+            "destroying hand-off failed: the reporter learns at the next report",
+            extra={"worker": worker, "error": f"{type(error).__name__}: {error}"},
+        )
+        return None
+    log.debug(
+        "destroying handles handed off",
+        extra={
+            "worker": worker,
+            "containers": len(snapshot.handles["container"]),
+            "volumes": len(snapshot.handles["volume"]),
+            "stored": stored,
+        },
+    )
+    return snapshot

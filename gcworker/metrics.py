@@ -1,0 +1,178 @@
+"""Prometheus metrics of the control plane and of the reporter.
+
+Multiprocess: a Celery reconciler applies events in its pool's child processes, so every value
+is written where the process that serves `/metrics` can read it. That is prometheus-client's
+multiprocess mode, chosen by `PROMETHEUS_MULTIPROC_DIR` *before this module is imported*: the
+commands that start Celery processes (`gcworker reconciler`, `gcworker up`) set it to a fresh
+folder first, and the process that serves `/metrics` reads every process's file through a
+`MultiProcessCollector` (`serve`). Without the variable (the reporter, embedded `up`), values
+live in the process and `serve` exposes the default registry.
+
+The gauges of the database's state (`gcworker_workers`, `gcworker_missing_rows`) are refreshed
+after each collection by the process that ran it; in multiprocess mode the most recent value wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+KINDS = ("container", "volume")
+REPORT_OUTCOMES = ("accepted", "stale", "rejected", "worker_not_running", "full_report_needed")
+COLLECTION_OUTCOMES = ("completed", "skipped", "failed")
+WORKER_STATES = ("running", "stalled", "landing", "landed", "retiring")
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+_COLLECTION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+# Control plane: events ---------------------------------------------------------------------
+
+REPORTS = Counter("gcworker_reports", "Reports received, by outcome.", ["outcome"])
+HEARTBEATS = Counter("gcworker_heartbeats", "Heartbeats received (any outcome).")
+MESSAGES_REJECTED = Counter(
+    "gcworker_messages_rejected",
+    "Messages rejected on arrival (malformed, unsigned, wrongly signed...), by task.",
+    ["task"],
+)
+REPORT_RECONCILE_SECONDS = Histogram(
+    "gcworker_report_reconcile_seconds",
+    "Time to decode, check and apply one report, commit included.",
+    buckets=_LATENCY_BUCKETS,
+)
+REPORT_LAG_SECONDS = Histogram(
+    "gcworker_report_lag_seconds",
+    "Control plane's clock at application minus the worker's clock at sending (for lag only).",
+    buckets=_LAG_BUCKETS,
+)
+ROWS_MARKED_MISSING = Counter(
+    "gcworker_rows_marked_missing", "Rows marked missing by reports (rule 1).", ["kind"]
+)
+ROWS_CLEARED = Counter(
+    "gcworker_rows_cleared", "Missing marks cleared by reports (rule 3).", ["kind"]
+)
+ROWS_DELETED = Counter(
+    "gcworker_rows_deleted",
+    "Rows deleted: missing past the grace period (collector, rule 4) or confirmed destroyed "
+    "(reconciler, rule 9); workers deleted by the collector have kind=worker.",
+    ["kind", "reason"],
+)
+UNKNOWN_HANDLES = Counter(
+    "gcworker_unknown_handles",
+    "Handles reported with no row, recorded as destroying (rule 8).",
+    ["kind"],
+)
+
+# Control plane: collections ----------------------------------------------------------------
+
+COLLECTION_SECONDS = Histogram(
+    "gcworker_collection_seconds", "Duration of completed collections.", buckets=_COLLECTION_BUCKETS
+)
+COLLECTIONS = Counter(
+    "gcworker_collections",
+    "Collections, by outcome (skipped: another collection held the fence).",
+    ["outcome"],
+)
+WORKERS = Gauge(
+    "gcworker_workers",
+    "Workers by state, as of the last collection.",
+    ["state"],
+    multiprocess_mode="mostrecent",
+)
+MISSING_ROWS = Gauge(
+    "gcworker_missing_rows",
+    "Rows marked missing, as of the last collection.",
+    ["kind"],
+    multiprocess_mode="mostrecent",
+)
+
+# Reporter ----------------------------------------------------------------------------------
+
+REPORTER_SENT = Counter(
+    "gcworker_reporter_messages_sent", "Messages the reporter published, by type.", ["type"]
+)
+REPORTER_SEND_FAILURES = Counter(
+    "gcworker_reporter_send_failures",
+    "Messages the reporter could not publish (broker unreachable...), by type.",
+    ["type"],
+)
+REPORTER_LISTING_FAILURES = Counter(
+    "gcworker_reporter_listing_failures", "Runtime listings that failed (no report was sent)."
+)
+REPORTER_HANDLES = Gauge(
+    "gcworker_reporter_handles", "Handles the runtime held at the last listing.", ["kind"]
+)
+REPORTER_REMOVED = Counter(
+    "gcworker_reporter_handles_removed",
+    "Handles the reporter removed because the control plane holds them as destroying.",
+    ["kind"],
+)
+
+for _outcome in REPORT_OUTCOMES:
+    REPORTS.labels(_outcome)
+for _outcome in COLLECTION_OUTCOMES:
+    COLLECTIONS.labels(_outcome)
+for _kind in KINDS:
+    ROWS_MARKED_MISSING.labels(_kind)
+    ROWS_CLEARED.labels(_kind)
+    UNKNOWN_HANDLES.labels(_kind)
+    ROWS_DELETED.labels(_kind, "missing")
+    ROWS_DELETED.labels(_kind, "confirmed_destroyed")
+for _task in ("heartbeat", "report"):
+    MESSAGES_REJECTED.labels(_task)
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+def registry() -> CollectorRegistry:
+    """What `/metrics` shows: every process's values in multiprocess mode, else this one's."""
+    if not multiprocess():
+        return REGISTRY
+    from prometheus_client import multiprocess as mp
+
+    combined = CollectorRegistry()
+    mp.MultiProcessCollector(combined)
+    return combined
+
+
+def serve(port: int, address: str = "0.0.0.0"):
+    """Serve `/metrics` on `port` from a background thread; returns the server."""
+    server, _thread = start_http_server(port, addr=address, registry=registry())
+    log.info(
+        "metrics served",
+        extra={"port": port, "multiprocess": multiprocess(), "path": "/metrics"},
+    )
+    return server
+
+
+def process_exited(pid: int) -> None:
+    """Drop a dead pool process's live gauges (multiprocess mode only)."""
+    if multiprocess():
+        from prometheus_client import multiprocess as mp
+
+        mp.mark_process_dead(pid)
+
+
+def count_counts(counter: Counter, counts: dict[str, int], *extra_labels: str) -> None:
+    for kind, n in counts.items():
+        if n:
+            counter.labels(kind, *extra_labels).inc(n)
+
+
+def set_states(gauge: Gauge, counts: dict[str, int], labels: Iterable[str]) -> None:
+    for label in labels:
+        gauge.labels(label).set(counts.get(label, 0))

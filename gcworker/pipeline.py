@@ -1,0 +1,125 @@
+"""What a reconciler does with one event and what a collector run does, counted and logged.
+
+The Celery tasks (`tasks/reconcile.py`) and the in-process paths of embedded mode (the
+in-process delivery channel, `gcworker up` without a broker) call these same functions, so an
+event or a collection is handled, measured and logged the same way in both modes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from sqlalchemy import func, select
+
+from gcworker import metrics
+from gcworker.codec import Rejected
+from gcworker.db.tables import INVENTORY_TABLES, workers
+from gcworker.gc.collection import CollectionSummary, collect
+from gcworker.reconcile import HeartbeatResult, ReportResult
+
+log = logging.getLogger(__name__)
+
+
+def receive(plane, envelope, *, task: str):
+    """Decode, check and apply one message envelope as it came off the broker.
+
+    A rejected message (malformed, oversized, unsigned, wrongly signed...) changes nothing but
+    the dead-letter list; it is counted and returned, never raised, so that the broker's message
+    is acknowledged and never redelivered forever.
+    """
+    started = time.perf_counter()
+    result = plane.receive(envelope)
+    if isinstance(result, Rejected):
+        metrics.MESSAGES_REJECTED.labels(task).inc()
+        if task == "report":
+            metrics.REPORTS.labels("rejected").inc()
+        return result
+    observe(result, time.perf_counter() - started)
+    return result
+
+
+def apply(plane, message):
+    """Apply one already checked message (embedded mode's in-process delivery)."""
+    started = time.perf_counter()
+    result = plane.apply(message)
+    observe(result, time.perf_counter() - started)
+    return result
+
+
+def observe(result, seconds: float) -> None:
+    if isinstance(result, HeartbeatResult):
+        metrics.HEARTBEATS.inc()
+        return
+    if not isinstance(result, ReportResult):
+        return
+    metrics.REPORTS.labels(str(result.outcome)).inc()
+    metrics.REPORT_RECONCILE_SECONDS.observe(seconds)
+    if result.lag is not None:
+        metrics.REPORT_LAG_SECONDS.observe(max(0.0, result.lag.total_seconds()))
+    metrics.count_counts(metrics.ROWS_MARKED_MISSING, result.marked)
+    metrics.count_counts(metrics.ROWS_CLEARED, result.cleared)
+    metrics.count_counts(metrics.UNKNOWN_HANDLES, result.unknown)
+    metrics.count_counts(metrics.ROWS_DELETED, result.destroyed, "confirmed_destroyed")
+
+
+def run_collection(
+    plane, *, self_check: Callable[[], str | None] | None = None
+) -> CollectionSummary:
+    """One fenced collection (rule 11), counted; a skipped one (fence taken) says so."""
+    try:
+        summary = collect(plane.db, plane.settings, self_check=self_check)
+    except Exception:
+        metrics.COLLECTIONS.labels("failed").inc()
+        log.exception("collection failed")
+        raise
+    metrics.COLLECTIONS.labels(summary.outcome).inc()
+    if summary.outcome != "completed":
+        log.info(
+            "collection finished",
+            extra={"outcome": summary.outcome, "reason": "another collection holds the fence"},
+        )
+        return summary
+    metrics.COLLECTION_SECONDS.observe(summary.seconds)
+    if not summary.dry_run:
+        for kind in ("container", "volume", "worker"):
+            deleted = summary.counts.get(f"{kind}s deleted", 0)
+            if deleted:
+                reason = "missing" if kind != "worker" else "worker_deleted"
+                metrics.ROWS_DELETED.labels(kind, reason).inc(deleted)
+    log.info(
+        "collection finished",
+        extra={
+            "outcome": summary.outcome,
+            "dry_run": summary.dry_run,
+            "seconds": round(summary.seconds, 4),
+            "changes": summary.counts,
+            "fenced_from": summary.fenced_from,
+            "fenced_until": summary.fenced_until,
+        },
+    )
+    refresh_state_gauges(plane)
+    return summary
+
+
+def refresh_state_gauges(plane) -> None:
+    """`gcworker_workers{state}` and `gcworker_missing_rows{kind}` from the database."""
+    try:
+        with plane.db.transaction() as conn:
+            by_state = dict(
+                conn.execute(select(workers.c.state, func.count()).group_by(workers.c.state)).all()
+            )
+            missing = {
+                kind: conn.execute(
+                    select(func.count())
+                    .select_from(table)
+                    .where(table.c.missing_since.is_not(None))
+                ).scalar_one()
+                for kind, table in INVENTORY_TABLES.items()
+            }
+    except Exception as error:  # noqa: BLE001 - gauges are best effort
+        log.warning("state gauges not refreshed", extra={"error": str(error)})
+        return
+    metrics.set_states(metrics.WORKERS, by_state, metrics.WORKER_STATES)
+    metrics.set_states(metrics.MISSING_ROWS, missing, metrics.KINDS)
