@@ -106,7 +106,7 @@ class Supervisor:
         process = subprocess.Popen(argv, env=env, start_new_session=True, **popen)
         child = Child(name, argv, process)
         self.children.append(child)
-        log.info("started", extra={"process": name, "pid": process.pid})
+        log.info("started", extra={"child": name, "pid": process.pid})
         return child
 
     def exited(self) -> Child | None:
@@ -127,7 +127,7 @@ class Supervisor:
             try:
                 child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("did not stop in time: killed", extra={"process": child.name})
+                log.warning("did not stop in time: killed", extra={"child": child.name})
                 # The group's leader is not reaped yet, so its id is still this group's; a Celery
                 # worker's pool processes share it and must not outlive it.
                 _kill_group(child.pid)

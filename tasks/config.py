@@ -31,6 +31,7 @@ def celery_config(settings: Settings) -> dict:
         "event_serializer": "json",
         "result_backend": None,
         "task_ignore_result": True,
+        "result_expires": None,  # no results, so no daily `celery.backend_cleanup` in the schedule
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "task_acks_on_failure_or_timeout": True,
