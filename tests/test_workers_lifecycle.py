@@ -38,11 +38,11 @@ def test_workers_an_expired_heartbeat_stalls_a_durable_worker_and_keeps_its_rows
     alive = make_worker("alive")
     created(plane, "w1", "c1")
     created(plane, "w1", "v1", kind="volume")
-    advance(seconds=59)
+    advance(seconds=50)
     plane.collect()
     assert worker_states(plane)["w1"] == "running"  # the TTL (2 x 30s) has not passed
 
-    advance(seconds=2)
+    advance(seconds=11)
     alive.heartbeat()
     plane.collect()
 
