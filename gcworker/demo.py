@@ -21,13 +21,21 @@ directory at both is a row wrongly deleted; so is a deletion in the audit log ma
 handle's directory existed. When the run ends, the scheduler stops and the system settles (final
 reports and collections) until the database and the directories agree, or a deadline passes. The
 verdict holds when they agree and no row was wrongly deleted.
+
+With a broker URL the same run goes through Redis and real Celery processes, started here as
+children (a reconciler and beat, stopped by their process ids at the end): reporters publish
+signed messages (a key per worker, registered at start), learn what to remove from the
+reconciler's hand-off in Redis, and beat triggers the collections. Queues and keys live under a
+broker namespace of this run alone, removed at the end.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import secrets
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -43,6 +51,7 @@ from gcworker.delivery import InProcessChannel
 from gcworker.errors import GcworkerError
 from gcworker.runtimes import KINDS, RuntimeError_
 from gcworker.runtimes.dir import DirRuntime
+from gcworker.settings import ENV_PREFIX
 
 Key = tuple[str, str]  # (kind, handle)
 
@@ -64,15 +73,18 @@ class DemoConfig:
     tick: float = 0.2
     scheduler_step: float = 0.12
     settle_timeout: float = 20.0
+    broker_url: str = ""  # empty: embedded mode
+    startup_timeout: float = 60.0
 
     MIN_WORKERS = 4
     MIN_DURATION = 12.0
 
-    def settings_overrides(self, database_url: str) -> dict:
+    def settings_overrides(self, database_url: str, namespace: str = "gcworker-demo") -> dict:
         """The settings the demo runs with; they pass the checks of rule 14 like any others."""
         return {
             "database_url": database_url,
-            "broker_url": "",
+            "broker_url": self.broker_url,
+            "broker_namespace": namespace,
             "report_interval": f"{self.report_interval}s",
             "heartbeat_interval": f"{self.heartbeat_interval}s",
             "heartbeat_ttl": f"{self.heartbeat_ttl}s",
@@ -408,6 +420,7 @@ class SimWorker:
     incarnations: list[int] = field(default_factory=list)
     gone: bool = False
     note: str = ""
+    key: object = None  # broker mode: the worker's Ed25519 private key
 
 
 class Demo:
@@ -446,6 +459,9 @@ class Demo:
         self.trouble_log: dict[str, dict] = {}
         self._last_audit_id = 0
         self._previous: Snapshot | None = None
+        self.supervisor = None  # broker mode: the Celery reconciler and beat
+        self.channels: list = []
+        self.mode = "embedded (SQLite, events applied in-process)"
 
     # Set-up --------------------------------------------------------------------------------
 
@@ -456,13 +472,95 @@ class Demo:
         from gcworker.settings import load_settings
 
         database_url = f"sqlite:///{self.root / 'gcworker.db'}"
-        self.settings = load_settings(**self.config.settings_overrides(database_url))
+        # Broker mode: keys, queues and the beat schedule under a namespace of this run alone.
+        self.overrides = self.config.settings_overrides(
+            database_url, f"gcworker-demo-{secrets.token_hex(4)}"
+        )
+        self.settings = load_settings(**self.overrides)
         db = Database.from_url(self.settings.database_url)
         upgrade(db.engine)
         self.plane = ControlPlane(self.settings, db)
 
-    def _channel(self):
-        return InProcessChannel(self.plane)
+    def _channel(self, worker: SimWorker):
+        if self.settings.embedded:
+            return InProcessChannel(self.plane)
+        from gcworker.broker import BrokerChannel
+
+        channel = BrokerChannel(self.settings, private_key=worker.key)
+        self.channels.append(channel)
+        return channel
+
+    # Broker mode ---------------------------------------------------------------------------
+
+    def _start_control_plane(self) -> None:
+        """A Celery reconciler and Celery beat (redbeat), as child processes of this one."""
+        from gcworker import processes
+        from gcworker.signing import generate_private_key, public_key_text
+
+        for worker in self.sim.values():  # messages are signed; the control plane has the keys
+            worker.key = generate_private_key()
+            self.plane.register_key(worker.name, public_key_text(worker.key))
+        env = processes.settings_environment(self.overrides)
+        env.pop(f"{ENV_PREFIX}KEY_FILE", None)
+        self._control_plane_log = open(self.root / "control-plane.log", "ab")  # noqa: SIM115
+        output = {"stdout": self._control_plane_log, "stderr": subprocess.STDOUT}
+        self.supervisor = processes.Supervisor()
+        self.supervisor.start("reconciler", processes.reconciler_argv(concurrency=2), env, **output)
+        self.supervisor.start("beat", processes.beat_argv(), env, **output)
+        pids = ", ".join(f"{c.name} pid {c.pid}" for c in self.supervisor.children)
+        self.mode = f"broker {_redacted(self.settings.broker_url)}, Celery {pids}"
+        self.say(f"started {pids}; logs in {self.root / 'control-plane.log'}")
+
+    def _wait_until_every_worker_registered(self) -> None:
+        """Reporters publish from the start; the control plane is up once it applied the first
+        heartbeat of every worker."""
+        deadline = time.monotonic() + self.config.startup_timeout
+        while True:
+            registered = {w["name"] for w in self.plane.workers()}
+            if registered >= set(self.sim):
+                return
+            gone = self.supervisor.exited() if self.supervisor else None
+            if gone is not None:
+                raise DemoError(
+                    f"the {gone.name} exited with code {gone.process.returncode} "
+                    f"(see {self.root / 'control-plane.log'})"
+                )
+            if time.monotonic() > deadline:
+                missing = ", ".join(sorted(set(self.sim) - registered))
+                raise DemoError(
+                    f"the control plane applied no heartbeat of {missing}"
+                    f" within {self.config.startup_timeout:g}s "
+                    f"(see {self.root / 'control-plane.log'})"
+                )
+            time.sleep(0.2)
+
+    def _stop_control_plane(self) -> None:
+        for channel in self.channels:
+            try:
+                channel.close()
+            except Exception as error:  # closing is best effort
+                self.say(f"closing a broker channel: {error!r}")
+        self.channels = []
+        if self.supervisor is not None:
+            self.supervisor.stop(grace=20)
+            self.supervisor = None
+            self._control_plane_log.close()
+            self._forget_namespace()
+
+    def _forget_namespace(self) -> None:
+        """Remove this run's keys from Redis (queues, hand-off, beat schedule)."""
+        try:
+            import redis
+
+            client = redis.Redis.from_url(self.settings.broker_url)
+            prefix = self.settings.broker_namespace
+            for pattern in (f"{prefix}:*", f"*{prefix}:*"):
+                keys = list(client.scan_iter(match=pattern, count=500))
+                if keys:
+                    client.delete(*keys)
+            client.close()
+        except Exception as error:  # leaving a few expired-soon keys is harmless
+            self.say(f"cleaning the broker namespace: {error!r}")
 
     def _make_workers(self) -> None:
         n = self.config.workers
@@ -481,7 +579,7 @@ class Demo:
             reporter = Reporter(
                 worker.name,
                 worker.runtime,
-                self._channel(),
+                self._channel(worker),
                 heartbeat_interval=self.config.heartbeat_interval,
                 report_interval=self.config.report_interval,
                 ephemeral=worker.ephemeral,
@@ -788,6 +886,7 @@ class Demo:
             stats=dict(self.stats),
             events=list(self.events),
             wrong=len(self.wrong),
+            mode=self.mode,
         )
 
     # The run -------------------------------------------------------------------------------
@@ -802,10 +901,17 @@ class Demo:
     def _run(self) -> Verdict:
         config = self.config
         self._make_workers()
+        if not self.settings.embedded:
+            self._start_control_plane()
         self.started = time.monotonic()
         for worker in self.sim.values():
             self._start_reporter(worker)
-        self._spawn(self._collector_loop, "collector")
+        if self.settings.embedded:
+            self._spawn(self._collector_loop, "collector")
+        else:  # beat triggers the collections
+            self._wait_until_every_worker_registered()
+            self.say(f"every worker registered after {self.elapsed():.1f}s")
+            self.started = time.monotonic()
         self._spawn(self._scheduler_loop, "scheduler")
         self.phase = "running"
         script = deque(config.script(list(self.sim)))
@@ -914,6 +1020,7 @@ class Demo:
                 worker.reporter.stop()
         for thread in self.threads:
             thread.join(timeout=30)
+        self._stop_control_plane()
         if self.plane is not None:
             self.plane.close()
 
@@ -933,6 +1040,7 @@ class Frame:
     stats: dict
     events: list[tuple[float, str]]
     wrong: int
+    mode: str = "embedded"
 
     def worker_rows(self) -> list[dict]:
         snap = self.snapshot
@@ -988,7 +1096,7 @@ def render(frame: Frame):
     c = frame.config
     header = Text.assemble(
         ("gcworker demo", "bold"),
-        f"  {c.workers} workers, embedded (SQLite, events applied in-process)  ",
+        f"  {c.workers} workers, {frame.mode}  ",
         (f"t={frame.elapsed:4.1f}s/{c.duration:g}s  {frame.phase}", "cyan"),
         "\n",
         (
@@ -1036,6 +1144,16 @@ def render(frame: Frame):
         "dim",
     )
     return Group(header, Text(""), table, legend, Text(""), totals, Text(""), events)
+
+
+class DemoError(Exception):
+    """The demo could not run (not a verdict): e.g. the control plane did not start."""
+
+
+def _redacted(url: str) -> str:
+    from kombu.utils.url import maybe_sanitize_url
+
+    return maybe_sanitize_url(url)
 
 
 def plural(n: int, word: str) -> str:

@@ -30,6 +30,7 @@ from gcworker.demo import (
 )
 from tests.conftest import created, states
 
+BROKER_URL = os.environ.get("GCWORKER_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 C = "container"
 V = "volume"
 
@@ -69,6 +70,29 @@ def test_demo_command_exits_0_with_the_verdict_on_a_fresh_directory(tmp_path):
     folder = re.search(r" in (\S+gcworker-demo-\S+)$", out, re.M).group(1)
     assert not Path(folder).exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_runs_through_redis_and_celery_processes_it_starts_and_stops(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GCWORKER_")}
+    env["GCWORKER_BROKER_URL"] = BROKER_URL
+    argv = [sys.executable, "-m", "gcworker.cli", "demo", "--workers", "4", "--duration", "12"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "through Redis and Celery" in out
+    assert re.search(r"^verdict: database and workers agree \(", out, re.M), out
+    assert re.search(r"^rows wrongly deleted: 0$", out, re.M), out
+    # Its Celery processes are gone, and so are its keys.
+    pids = [int(pid) for pid in re.findall(r"(?:reconciler|beat) pid (\d+)", out)]
+    assert len(pids) == 2
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists()
+    namespace = re.search(r"gcworker-demo-[0-9a-f]{8}", out)
+    if namespace:
+        import redis
+
+        client = redis.Redis.from_url(BROKER_URL)
+        assert list(client.scan_iter(match=f"*{namespace.group(0)}*")) == []
 
 
 def test_demo_refuses_a_bad_option_with_a_usage_error(tmp_path):
@@ -251,7 +275,7 @@ class SabotagedDemo(Demo):
 
 
 def test_the_demo_catches_a_row_deleted_while_its_container_exists(tmp_path):
-    demo = SabotagedDemo(DemoConfig(workers=4, duration=12, seed=7), root=tmp_path)
+    demo = SabotagedDemo(DemoConfig(workers=4, duration=8, seed=7), root=tmp_path)
     verdict = demo.run()
     assert demo.victim is not None
     assert not verdict.ok

@@ -39,42 +39,42 @@ def demo(obj, n_workers: int, duration: float, seed: int | None, plain: bool, ke
     """Run a simulated fleet on short intervals, with trouble, and check the outcome.
 
     Everything stays in a temporary folder: its own SQLite database and one `dir` runtime per
-    worker (./.gcworker and the global settings are not used). A scheduler creates and destroys
-    containers and volumes; one worker's runtime restarts and loses its state, one is cut off
-    for longer than the grace period and comes back, one ephemeral worker vanishes, and one
-    container is stuck in creating. At the end the database is compared with the workers'
+    worker (./.gcworker and the global timing settings are not used). A scheduler creates and
+    destroys containers and volumes; one worker's runtime restarts and loses its state, one is
+    cut off for longer than the grace period and comes back, one ephemeral worker vanishes, and
+    one container is stuck in creating. At the end the database is compared with the workers'
     directories: exit 0 when they agree and no row was deleted while its handle still existed,
     1 otherwise.
+
+    With GCWORKER_BROKER_URL set, the same demo runs through Redis: it starts a Celery
+    reconciler and Celery beat as child processes (stopped by their process ids at the end),
+    the reporters publish signed messages, and the keys live under a namespace of this run
+    alone, removed at the end.
     """
     from rich.console import Console
 
-    from gcworker.demo import Demo, DemoConfig, make_root, render
+    from gcworker.demo import Demo, DemoConfig, DemoError, make_root, render
 
     broker_url = (obj.overrides.get("broker_url") if obj else None) or os.environ.get(
         f"{ENV_PREFIX}BROKER_URL", ""
     )
     if broker_url:
-        click.echo(
-            f"gcworker demo: {ENV_PREFIX}BROKER_URL is set, but the demo runs embedded only for "
-            f"now (no Redis/Celery mode yet); unset {ENV_PREFIX}BROKER_URL to run it",
-            err=True,
-        )
-        sys.exit(EXIT_USAGE)
-
-    config = DemoConfig(workers=n_workers, duration=duration, seed=seed)
+        _check_broker(broker_url)
+    config = DemoConfig(workers=n_workers, duration=duration, seed=seed, broker_url=broker_url)
     console = Console()
     live_view = console.is_terminal and not plain
     root = make_root()
     started = time.monotonic()
-    click.echo(
-        f"gcworker demo: {n_workers} workers for {duration:g}s, embedded (SQLite, no servers), "
-        f"in {root}"
-    )
+    mode = "through Redis and Celery" if broker_url else "embedded (SQLite, no servers)"
+    click.echo(f"gcworker demo: {n_workers} workers for {duration:g}s, {mode}, in {root}")
     try:
         if live_view:
             verdict, simulation = _run_live(Demo, config, root, console, render)
         else:
             verdict, simulation = _run_plain(Demo, config, root)
+    except DemoError as error:
+        click.echo(f"gcworker demo: could not run: {error}", err=True)
+        sys.exit(EXIT_VERDICT_FAILED)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -87,6 +87,24 @@ def demo(obj, n_workers: int, duration: float, seed: int | None, plain: bool, ke
         f"demo finished in {time.monotonic() - started:.1f}s" + (f"; kept {root}" if keep else "")
     )
     sys.exit(0 if verdict.ok else EXIT_VERDICT_FAILED)
+
+
+def _check_broker(url: str) -> None:
+    """Fail early, in one line, when the broker does not answer."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3)
+        client.ping()
+        client.close()
+    except (redis.RedisError, ValueError) as error:
+        from kombu.utils.url import maybe_sanitize_url
+
+        click.echo(
+            f"gcworker demo: the broker {maybe_sanitize_url(url)} does not answer: {error}",
+            err=True,
+        )
+        sys.exit(EXIT_VERDICT_FAILED)
 
 
 def _run_live(Demo, config, root, console, render):
