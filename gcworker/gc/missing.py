@@ -19,6 +19,7 @@ from gcworker.db.inventory import ContainerRepository, InventoryRepository, Volu
 from gcworker.db.workers import WorkerRepository
 from gcworker.gc.context import CollectionContext
 from gcworker.rules import deletion_cutoff
+from gcworker.settings import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -90,5 +91,5 @@ class MissingRowCollector:
 
 def _reason(reason: str, grace) -> str:
     if reason == "missing":
-        return f"missing for at least {grace}, confirmed by a later report"
+        return f"missing for at least {format_duration(grace)}, confirmed by a later report"
     return reason

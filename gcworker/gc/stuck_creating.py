@@ -7,6 +7,7 @@ from gcworker.db.audit import AuditEntry
 from gcworker.db.inventory import ContainerRepository, VolumeRepository
 from gcworker.db.workers import WorkerRepository
 from gcworker.gc.context import CollectionContext
+from gcworker.settings import format_duration
 
 
 class StuckCreatingCollector:
@@ -27,7 +28,7 @@ class StuckCreatingCollector:
                             "fail",
                             repo.kind,
                             handle,
-                            f"stuck in creating for longer than {timeout}",
+                            f"stuck in creating for longer than {format_duration(timeout)}",
                             worker=worker,
                         )
                         for handle, worker in failed

@@ -11,6 +11,7 @@ from __future__ import annotations
 from gcworker.db.audit import AuditEntry
 from gcworker.db.workers import WorkerRepository
 from gcworker.gc.context import CollectionContext, Step
+from gcworker.settings import format_duration
 
 
 class WorkerCollector:
@@ -58,7 +59,7 @@ class WorkerCollector:
                 step,
                 repo,
                 stalled,
-                f"stalled for longer than the stalled-worker timeout ({timeout})",
+                f"stalled for longer than the stalled-worker timeout ({format_duration(timeout)})",
             )
 
     @staticmethod
