@@ -392,3 +392,30 @@ def test_two_beats_and_two_collectors_never_run_two_collections_at_once(pipeline
     senders = [b.name for b in beats if "Sending due task gcworker-collect" in b.log()]
     assert len(senders) == 1, f"beats that sent triggers: {senders}\n{pipeline.logs()}"
     assert all(p.log().count("collection finished") for p in collectors)
+
+
+# Invalid messages: logged, dead-lettered, acknowledged -----------------------------------------
+
+
+def test_invalid_messages_are_logged_and_dropped_never_redelivered(pipeline, plane):
+    reconciler = pipeline.start_reconciler("r1", allow_unsigned="false")
+    app = pipeline.channel.app
+    app.send_task("gcworker.report", args=[{"payload": "{not json"}], queue="reports")
+    app.send_task("gcworker.report", args=["a bare string"], queue="reports")
+    app.send_task("gcworker.heartbeat", args=[], queue="heartbeats")  # wrong arity
+    pipeline.send(Heartbeat(worker="w1", incarnation=1, seq=1))  # unsigned: refused here
+    wait_for(
+        lambda: pipeline.in_flight() == 0 and len(plane.dead_letters()) == 3,
+        timeout=20,
+        what="every message acknowledged, three of them dead-lettered",
+        details=pipeline.logs,
+    )
+    reasons = sorted(d["reason"].split(":")[0] for d in plane.dead_letters())
+    assert reasons == [
+        "malformed JSON",
+        "malformed envelope",
+        "unsigned message (set GCWORKER_ALLOW_UNSIGNED=true to accept them)",
+    ], reasons
+    assert plane.workers() == []
+    assert reconciler.alive()
+    assert reconciler.log().count("message rejected") == 3
