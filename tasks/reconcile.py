@@ -51,13 +51,14 @@ def board():
     return _board
 
 
+# Any other arguments than one envelope make a malformed envelope: rejected and dead-lettered.
 @app.task(name=HEARTBEAT_TASK, **RETRY)
-def record_heartbeat(envelope):
+def record_heartbeat(envelope=None, *_args, **_kwargs):
     pipeline.receive(control_plane(), envelope, task="heartbeat")
 
 
 @app.task(name=REPORT_TASK, **RETRY)
-def reconcile_report(envelope):
+def reconcile_report(envelope=None, *_args, **_kwargs):
     plane = control_plane()
     result = pipeline.receive(plane, envelope, task="report")
     if isinstance(result, ReportResult):
