@@ -3,15 +3,16 @@ when `GCWORKER_BROKER_URL` is set.
 
 `send` wraps the message in its envelope (`gcworker.codec`; signed when `GCWORKER_KEY_FILE` names
 the worker's private key) and publishes it as a Celery task message to its queue: heartbeats to
-`heartbeats`, reports to `reports` (see `tasks.routing`). `destroying` reads the newest snapshot
-of the worker's destroying handles that the reconciler left in Redis (see `gcworker.handoff`).
+`heartbeats`, reports to `reports` (see `tasks.routing`). `feedback` reads the newest snapshot
+of the worker's destroying handles that the reconciler left in Redis, and whether it asked for a
+full report (see `gcworker.handoff`).
 """
 
 from __future__ import annotations
 
-from gcworker.codec import encode
+from gcworker.codec import Message, encode
+from gcworker.delivery import Feedback, load_key
 from gcworker.handoff import DestroyingBoard
-from gcworker.messages import Heartbeat, Report
 from gcworker.settings import Settings
 
 PUBLISH_RETRY_POLICY = {
@@ -30,11 +31,7 @@ class BrokerChannel:
             raise ValueError("BrokerChannel needs GCWORKER_BROKER_URL")
         self.settings = settings
         self.app = make_app(settings)
-        if private_key is None and settings.key_file is not None:
-            from gcworker.signing import load_private_key
-
-            private_key = load_private_key(settings.key_file)
-        self.private_key = private_key
+        self.private_key = private_key if private_key is not None else load_key(settings)
         self._board: DestroyingBoard | None = None
 
     @property
@@ -43,7 +40,7 @@ class BrokerChannel:
             self._board = DestroyingBoard.from_settings(self.settings)
         return self._board
 
-    def send(self, message: Heartbeat | Report) -> None:
+    def send(self, message: Message) -> None:
         from tasks.routing import task_for
 
         task, queue = task_for(message.type)
@@ -55,8 +52,8 @@ class BrokerChannel:
             retry_policy=PUBLISH_RETRY_POLICY,
         )
 
-    def destroying(self, worker: str) -> dict[str, list[str]]:
-        return self.board.read(worker)
+    def feedback(self, worker: str) -> Feedback:
+        return self.board.feedback(worker)
 
     def close(self) -> None:
         self.app.close()

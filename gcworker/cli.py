@@ -131,17 +131,30 @@ def migrate(obj: Context):
 # Worker events -----------------------------------------------------------------------------
 
 
-def _deliver(obj: Context, message):
-    """Apply an event in-process (embedded mode) or publish it to the broker."""
-    if obj.settings.embedded:
-        plane = obj.control_plane()
-        if isinstance(message, Heartbeat):
-            return plane.reconciler.heartbeat(message)
-        return plane.reconciler.report(message)
-    from gcworker.delivery import publish
+def _deliver(obj: Context, message, key_file):
+    """Send an event, signed with the worker's key: in embedded mode it is checked and applied
+    at once, as a reconciler would (the result is returned); with a broker it is published."""
+    from gcworker.codec import Rejected, encode
+    from gcworker.delivery import load_key, open_channel
 
-    publish(obj.settings, message)
-    return None
+    if key_file is not None:
+        obj.overrides["key_file"] = key_file
+    settings = obj.settings
+    if not settings.embedded:
+        open_channel(settings).send(message)
+        return None
+    result = obj.control_plane().receive(encode(message, load_key(settings)))
+    if isinstance(result, Rejected):
+        _fail(f"{message.type} of {message.worker} rejected: {result.reason}")
+    return result
+
+
+KEY_FILE_OPTION = click.option(
+    "--key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The worker's private key, to sign with. Env: GCWORKER_KEY_FILE.",
+)
 
 
 def _event_fields(worker: str, incarnation: int, seq: int | None) -> dict:
@@ -176,8 +189,9 @@ def _validated(model, **fields):
 )
 @click.option("--seq", type=int, default=None, help="Sequence number [current time in ns].")
 @click.option("--ttl", default=None, metavar="DURATION", help="Heartbeat TTL [the setting].")
+@KEY_FILE_OPTION
 @click.pass_obj
-def heartbeat(obj: Context, worker, ephemeral, incarnation, seq, ttl):
+def heartbeat(obj: Context, worker, ephemeral, incarnation, seq, ttl, key_file):
     """Record that WORKER is alive (registers it on its first heartbeat)."""
     from gcworker.settings import parse_duration
 
@@ -193,7 +207,7 @@ def heartbeat(obj: Context, worker, ephemeral, incarnation, seq, ttl):
         ephemeral=ephemeral,
         ttl_seconds=ttl_seconds,
     )
-    result = _deliver(obj, message)
+    result = _deliver(obj, message, key_file)
     if result is None:
         click.echo(f"heartbeat of {worker}: published")
     else:
@@ -223,8 +237,9 @@ def _handle_list(value: str) -> list[str]:
     metavar="V1,V2",
     help="Every volume handle the worker has; empty: none.",
 )
+@KEY_FILE_OPTION
 @click.pass_obj
-def report(obj: Context, worker, incarnation, seq, containers, volumes):
+def report(obj: Context, worker, incarnation, seq, containers, volumes, key_file):
     """Report WORKER's complete inventory of container and volume handles."""
     message = _validated(
         Report,
@@ -232,7 +247,7 @@ def report(obj: Context, worker, incarnation, seq, containers, volumes):
         containers=_handle_list(containers),
         volumes=_handle_list(volumes),
     )
-    result = _deliver(obj, message)
+    result = _deliver(obj, message, key_file)
     if result is None:
         click.echo(f"report of {worker}: published")
         return
@@ -428,6 +443,10 @@ from gcworker.commands.security import dead_letters, keys  # noqa: E402
 
 main.add_command(keys)
 main.add_command(dead_letters)
+
+from gcworker.commands.bench import bench  # noqa: E402
+
+main.add_command(bench)
 
 from gcworker.commands.demo import demo  # noqa: E402
 

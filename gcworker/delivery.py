@@ -1,50 +1,75 @@
-"""How a reporter's events reach the control plane, and how it learns what to remove.
+"""How a reporter's messages reach the control plane, and what it hears back.
 
-A `Channel` sends heartbeats and reports and answers which handles the control plane holds as
-`destroying` for a worker. In embedded mode (no broker) `InProcessChannel` applies each event at
-once through the same code a reconciler task runs and reads the destroying handles from the
-database; with a broker, `BrokerChannel` (see `gcworker.broker`) publishes to Redis/Celery.
+A `Channel` sends heartbeats, reports and compact unchanged reports, each wrapped in its signed
+envelope (`gcworker.codec`), and gives the reporter its `Feedback`: the handles the control
+plane holds as `destroying` for the worker, and whether it asked for a full report (after a
+compact report it could not confirm). In embedded mode (no broker) `InProcessChannel` has each
+envelope checked and applied at once through the same code a reconciler task runs; with a
+broker, `gcworker.broker.BrokerChannel` publishes to Redis/Celery and reads the feedback the
+reconciler leaves there (`gcworker.handoff`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from gcworker.messages import Heartbeat, Report
+from gcworker.codec import Message, encode
+from gcworker.messages import UnchangedReport
+from gcworker.rules import ReportOutcome
 from gcworker.settings import Settings
 
 
-class Channel(Protocol):
-    def send(self, message: Heartbeat | Report) -> None: ...
+@dataclass
+class Feedback:
+    destroying: dict[str, list[str]] = field(default_factory=dict)  # kind -> handles to remove
+    full_report_wanted: bool = False
 
-    def destroying(self, worker: str) -> dict[str, list[str]]:
-        """kind ("container"/"volume") -> handles the worker should remove."""
-        ...
+
+class Channel(Protocol):
+    def send(self, message: Message) -> None: ...
+
+    def feedback(self, worker: str) -> Feedback: ...
 
 
 class InProcessChannel:
-    def __init__(self, plane):
+    def __init__(self, plane, *, private_key=None):
         self.plane = plane
+        self.private_key = private_key
+        self._full_report_wanted: set[str] = set()
 
-    def send(self, message: Heartbeat | Report) -> None:
+    def send(self, message: Message) -> None:
         from gcworker import pipeline  # the same code (and metrics) as the reconciler's tasks
 
-        pipeline.apply(self.plane, message)
+        task = "heartbeat" if message.type == "heartbeat" else "report"
+        result = pipeline.receive(self.plane, encode(message, self.private_key), task=task)
+        if isinstance(message, UnchangedReport):
+            if getattr(result, "outcome", None) is ReportOutcome.FULL_REPORT_NEEDED:
+                self._full_report_wanted.add(message.worker)
+        elif message.type == "report":
+            self._full_report_wanted.discard(message.worker)
 
-    def destroying(self, worker: str) -> dict[str, list[str]]:
-        return self.plane.destroying_handles(worker)
+    def feedback(self, worker: str) -> Feedback:
+        wanted = worker in self._full_report_wanted
+        self._full_report_wanted.discard(worker)
+        return Feedback(self.plane.destroying_handles(worker), wanted)
+
+
+def load_key(settings: Settings):
+    """The private key named by GCWORKER_KEY_FILE (or --key-file), or None."""
+    if settings.key_file is None:
+        return None
+    from gcworker.signing import load_private_key
+
+    return load_private_key(settings.key_file)
 
 
 def open_channel(settings: Settings) -> Channel:
+    private_key = load_key(settings)
     if settings.embedded:
         from gcworker.control_plane import ControlPlane
 
-        return InProcessChannel(ControlPlane(settings))
+        return InProcessChannel(ControlPlane(settings), private_key=private_key)
     from gcworker.broker import BrokerChannel
 
-    return BrokerChannel(settings)
-
-
-def publish(settings: Settings, message: Heartbeat | Report) -> None:
-    """Send one event the way the configured mode does."""
-    open_channel(settings).send(message)
+    return BrokerChannel(settings, private_key=private_key)

@@ -481,9 +481,17 @@ class Demo:
         upgrade(db.engine)
         self.plane = ControlPlane(self.settings, db)
 
+    def _make_keys(self) -> None:
+        """Messages are signed in both modes: a key per worker, the public half registered."""
+        from gcworker.signing import generate_private_key, public_key_text
+
+        for worker in self.sim.values():
+            worker.key = generate_private_key()
+            self.plane.register_key(worker.name, public_key_text(worker.key))
+
     def _channel(self, worker: SimWorker):
         if self.settings.embedded:
-            return InProcessChannel(self.plane)
+            return InProcessChannel(self.plane, private_key=worker.key)
         from gcworker.broker import BrokerChannel
 
         channel = BrokerChannel(self.settings, private_key=worker.key)
@@ -495,11 +503,7 @@ class Demo:
     def _start_control_plane(self) -> None:
         """A Celery reconciler and Celery beat (redbeat), as child processes of this one."""
         from gcworker import processes
-        from gcworker.signing import generate_private_key, public_key_text
 
-        for worker in self.sim.values():  # messages are signed; the control plane has the keys
-            worker.key = generate_private_key()
-            self.plane.register_key(worker.name, public_key_text(worker.key))
         env = processes.settings_environment(self.overrides)
         env.pop(f"{ENV_PREFIX}KEY_FILE", None)
         self._control_plane_log = open(self.root / "control-plane.log", "ab")  # noqa: SIM115
@@ -901,6 +905,7 @@ class Demo:
     def _run(self) -> Verdict:
         config = self.config
         self._make_workers()
+        self._make_keys()
         if not self.settings.embedded:
             self._start_control_plane()
         self.started = time.monotonic()

@@ -35,9 +35,14 @@ unique and never reused for a new container or volume. A change made between rep
 scheduler destroying a container, the collector failing a stuck one) reaches the reporter with
 the snapshot that follows the worker's next report.
 
-Room for more answers: other per-worker replies of the control plane to the reporter (such as
-"send a full report" after a compact unchanged report it could not confirm) belong under the
-same `N:…:{W}:…` keys, written by the same versioned script.
+The other answer: "send a full report". When a compact unchanged report cannot be confirmed
+(unknown digest, or the worker's rows changed since), the report task sets
+
+    N:destroying:{W}:full-report  "1", with the same expiry
+
+and the reporter reads and deletes it together with the sets (`feedback`), so that its next
+report is a full one. Setting it twice is harmless; losing it (expiry) only delays the full
+report until the reporter's own bound (`full_report_every`).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from sqlalchemy import select
 from gcworker.db.database import Database
 from gcworker.db.tables import INVENTORY_TABLES
 from gcworker.db.workers import WorkerRepository
+from gcworker.delivery import Feedback
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +148,24 @@ class DestroyingBoard:
         )
         return bool(stored)
 
-    def read(self, worker: str) -> dict[str, list[str]]:
-        """kind -> handles the worker should remove, from the newest snapshot (empty if none)."""
+    def feedback(self, worker: str) -> Feedback:
+        """What the worker should remove (the newest snapshot, empty if none), and whether the
+        control plane asked for a full report; reading the request consumes it."""
         container_key, volume_key, _ = self.keys(worker)
         pipe = self.redis.pipeline(transaction=True)
         pipe.smembers(container_key)
         pipe.smembers(volume_key)
-        containers, volumes = pipe.execute()
-        return {"container": sorted(containers), "volume": sorted(volumes)}
+        pipe.getdel(self.full_report_key(worker))
+        containers, volumes, wanted = pipe.execute()
+        return Feedback(
+            {"container": sorted(containers), "volume": sorted(volumes)}, wanted is not None
+        )
+
+    def full_report_key(self, worker: str) -> str:
+        return f"{self.namespace}:destroying:{{{worker}}}:full-report"
+
+    def want_full_report(self, worker: str) -> None:
+        self.redis.set(self.full_report_key(worker), "1", ex=int(self.key_ttl.total_seconds()))
 
     def version(self, worker: str) -> int | None:
         value = self.redis.get(self.keys(worker)[2])

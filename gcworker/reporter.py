@@ -1,7 +1,12 @@
 """The reporter: one per worker host. It heartbeats every heartbeat-interval, reports the
-runtime's complete inventory every report-interval, and after each report removes, a few at a
-time, the handles the control plane holds as destroying. A listing that fails sends no report
-(never an empty one).
+runtime's inventory every report-interval, and after each report removes, a few at a time, the
+handles the control plane holds as destroying. A listing that fails sends no report (never an
+empty one).
+
+A report is compact when nothing changed: if the inventory's digest equals that of the last full
+report sent, the reporter sends only the digest (`UnchangedReport`), unless `full_report_every`
+reports have passed since the last full one or the control plane asked for a full report (it
+does when it cannot confirm a digest, e.g. after its own rows of the worker changed).
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ import time
 from datetime import UTC, datetime
 
 from gcworker.delivery import Channel
-from gcworker.messages import Heartbeat, Report
+from gcworker.messages import Heartbeat, Report, UnchangedReport
+from gcworker.rules import report_digest
 from gcworker.runtimes import Runtime, RuntimeError_
 
 log = logging.getLogger(__name__)
 
 DESTROY_PER_REPORT = 50
+FULL_REPORT_EVERY = 10
 
 
 class Reporter:
@@ -33,6 +40,7 @@ class Reporter:
         ephemeral: bool = False,
         incarnation: int | None = None,
         destroy_per_report: int = DESTROY_PER_REPORT,
+        full_report_every: int = FULL_REPORT_EVERY,
     ):
         self.worker = worker
         self.runtime = runtime
@@ -44,7 +52,11 @@ class Reporter:
         # Taken from the clock at start, so a restarted reporter's incarnation is always higher.
         self.incarnation = incarnation if incarnation is not None else time.time_ns()
         self.destroy_per_report = destroy_per_report
+        self.full_report_every = full_report_every
         self._last_seq = 0
+        self._last_full_digest: str | None = None
+        self._compact_since_full = 0
+        self._full_report_wanted = False
 
     def _next_seq(self) -> int:
         self._last_seq = max(time.time_ns(), self._last_seq + 1)
@@ -71,31 +83,47 @@ class Reporter:
                 "listing failed: no report sent", extra={"worker": self.worker, "error": str(error)}
             )
             return False
-        self.channel.send(
-            Report(
-                worker=self.worker,
-                incarnation=self.incarnation,
-                seq=self._next_seq(),
-                clock=datetime.now(UTC),
-                containers=inventory.containers,
-                volumes=inventory.volumes,
+        digest = report_digest(inventory.containers, inventory.volumes)
+        fields = {
+            "worker": self.worker,
+            "incarnation": self.incarnation,
+            "seq": self._next_seq(),
+            "clock": datetime.now(UTC),
+        }
+        if self._may_send_compact(digest):
+            self.channel.send(UnchangedReport(**fields, digest=digest))
+            self._compact_since_full += 1
+        else:
+            self.channel.send(
+                Report(**fields, containers=inventory.containers, volumes=inventory.volumes)
             )
-        )
+            self._last_full_digest, self._compact_since_full = digest, 0
         log.info(
             "report sent",
             extra={
                 "worker": self.worker,
+                "compact": self._compact_since_full > 0,
                 "containers": len(inventory.containers),
                 "volumes": len(inventory.volumes),
             },
         )
-        self.remove_destroying()
+        self._act_on_feedback()
         return True
 
-    def remove_destroying(self) -> int:
-        """Remove up to `destroy_per_report` handles the control plane holds as destroying."""
+    def _may_send_compact(self, digest: str) -> bool:
+        return (
+            digest == self._last_full_digest
+            and self._compact_since_full + 1 < self.full_report_every
+            and not self._full_report_wanted
+        )
+
+    def _act_on_feedback(self) -> int:
+        """Remove up to `destroy_per_report` handles the control plane holds as destroying, and
+        note whether it asked for a full report. Returns how many handles were removed."""
+        feedback = self.channel.feedback(self.worker)
+        self._full_report_wanted = feedback.full_report_wanted
         removed = 0
-        for kind, handles in self.channel.destroying(self.worker).items():
+        for kind, handles in feedback.destroying.items():
             for handle in handles[: self.destroy_per_report - removed]:
                 self.runtime.destroy(kind, handle)
                 removed += 1

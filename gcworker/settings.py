@@ -6,6 +6,7 @@ value stops the program with one line that names the setting and says what is wr
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,6 +14,8 @@ from typing import Annotated, Any
 import humanfriendly
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "GCWORKER_"
 DEFAULT_DATABASE_PATH = Path(".gcworker") / "gcworker.db"
@@ -125,7 +128,7 @@ def load_settings(**overrides: Any) -> Settings:
     """Settings from the environment, with `overrides` (CLI flags) on top; raises SettingsError."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as error:
         first = error.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else ""
@@ -134,3 +137,9 @@ def load_settings(**overrides: Any) -> Settings:
             raise SettingsError(message) from None
         value = overrides.get(field, first.get("input"))
         raise SettingsError(f"{ENV_PREFIX}{field.upper()}={value}: {message}") from None
+    if settings.allow_unsigned:
+        log.warning(
+            f"{ENV_PREFIX}ALLOW_UNSIGNED=true: unsigned messages are accepted, so any host that "
+            "reaches the broker can speak for any worker"
+        )
+    return settings

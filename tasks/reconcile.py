@@ -17,6 +17,7 @@ from sqlalchemy.exc import OperationalError
 
 from gcworker import pipeline
 from gcworker.reconcile import ReportResult
+from gcworker.rules import ReportOutcome
 from tasks.app import app, settings
 from tasks.routing import COLLECT_TASK, HEARTBEAT_TASK, REPORT_TASK
 
@@ -64,6 +65,8 @@ def reconcile_report(envelope=None, *_args, **_kwargs):
     if isinstance(result, ReportResult):
         from gcworker.handoff import publish_snapshot
 
+        if result.outcome is ReportOutcome.FULL_REPORT_NEEDED:
+            board().want_full_report(result.worker)
         publish_snapshot(plane.db, board(), result.worker)
 
 

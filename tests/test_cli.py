@@ -72,7 +72,13 @@ def test_cli_a_worker_session_with_json_listings(tmp_path, database_url, plane):
     def run(*args):
         return ok(gcworker(tmp_path, database_url, *args))
 
-    assert run("heartbeat", "--worker", "w1").strip() == "heartbeat of w1: registered"
+    key = tmp_path / "w1.key"
+    assert "public key registered" in run("keys", "generate", "w1", "--out", str(key))
+    signed = ("--key-file", str(key))
+    rejected = gcworker(tmp_path, database_url, "heartbeat", "--worker", "w1")
+    assert rejected.returncode == 1
+    assert "gcworker: heartbeat of w1 rejected: unsigned message" in rejected.stderr
+    assert run("heartbeat", "--worker", "w1", *signed).strip() == "heartbeat of w1: registered"
     run("containers", "create", "--worker", "w1", "c1")
     run("containers", "created", "c1")
     run("volumes", "create", "--worker", "w1", "--container", "c1", "v1")
@@ -80,7 +86,7 @@ def test_cli_a_worker_session_with_json_listings(tmp_path, database_url, plane):
     plane.scheduler.fail_container("c2")
     before_report = datetime.now(UTC)
 
-    reported = run("report", "--worker", "w1", "--containers", "", "--volumes", "stray")
+    reported = run("report", "--worker", "w1", "--containers", "", "--volumes", "stray", *signed)
 
     assert reported.strip() == (
         "report of w1: accepted: marked missing 1 container, recorded unknown 1 volume"

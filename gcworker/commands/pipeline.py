@@ -84,15 +84,17 @@ class MeteredChannel:
             return
         metrics.REPORTER_SENT.labels(message.type).inc()
 
-    def destroying(self, worker: str) -> dict[str, list[str]]:
+    def feedback(self, worker: str):
+        from gcworker.delivery import Feedback
+
         try:
-            return self.channel.destroying(worker)
+            return self.channel.feedback(worker)
         except Exception as error:  # noqa: BLE001 - nothing is removed this time
             log.warning(
-                "cannot read what to destroy: nothing removed this time",
+                "cannot read the control plane's feedback: nothing removed this time",
                 extra={"worker": worker, "error": str(error)},
             )
-            return {}
+            return Feedback()
 
     def close(self) -> None:
         close = getattr(self.channel, "close", None)
@@ -153,8 +155,14 @@ class MeteredRuntime:
 @click.option("--ephemeral", is_flag=True, help="The worker's rows die with it (no stalling).")
 @click.option("--once", is_flag=True, help="One heartbeat and one report, then exit.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, help="Serve /metrics.")
+@click.option(
+    "--key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The worker's private key, to sign with. Env: GCWORKER_KEY_FILE.",
+)
 @click.pass_obj
-def reporter(obj, worker, runtime_spec, ephemeral, once, metrics_port):
+def reporter(obj, worker, runtime_spec, ephemeral, once, metrics_port, key_file):
     """Heartbeat and report WORKER's inventory, and remove what the control plane destroys.
 
     A new incarnation at each start; a heartbeat every heartbeat-interval and a complete report
@@ -167,6 +175,8 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, metrics_port):
     from gcworker.reporter import Reporter
     from gcworker.runtimes import load_runtime
 
+    if key_file is not None:
+        obj.overrides["key_file"] = key_file
     settings = obj.settings
     check_worker_name(worker)
     runtime = MeteredRuntime(load_runtime(runtime_spec))
