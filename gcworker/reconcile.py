@@ -22,7 +22,7 @@ from gcworker.messages import Heartbeat, Report, UnchangedReport
 from gcworker.rules import (
     HeartbeatOutcome,
     ReportOutcome,
-    diff_report,
+    diff_handles,
     judge_heartbeat,
     judge_report,
     report_digest,
@@ -159,8 +159,7 @@ class Reconciler:
 
     def _judge(self, conn: Connection, message: Report | UnchangedReport):
         """Lock the worker and judge the report (rules 2, 6, 7): (now, worker, result)."""
-        now = self.db.now(conn)
-        worker = self.workers.lock(conn, message.worker)
+        worker, now = self.workers.lock_for_report(conn, message.worker)
         outcome, reason = judge_report(worker, message.incarnation, message.seq)
         result = ReportResult(message.worker, outcome, reason)
         if message.clock is not None:
@@ -206,18 +205,15 @@ class Reconciler:
                 result.fast_path = True
             else:
                 for repo in self.inventories:
-                    rows = repo.rows_of_worker(conn, message.worker)
-                    diff = diff_report(rows, reported[repo.kind], may_mark=may_mark)
-                    result.marked[repo.kind] = repo.mark_missing(conn, diff.to_mark, now)
-                    result.cleared[repo.kind] = repo.clear_missing(conn, diff.to_clear)
-                    result.unknown[repo.kind] = repo.record_unknown(
-                        conn, message.worker, diff.unknown, now
-                    )
+                    rows = repo.handles_of_worker(conn, message.worker)
+                    diff = diff_handles(rows, reported[repo.kind], may_mark=may_mark)
+                    name = message.worker
+                    result.marked[repo.kind] = repo.mark_missing(conn, name, diff.to_mark, now)
+                    result.cleared[repo.kind] = repo.clear_missing(conn, name, diff.to_clear)
+                    result.unknown[repo.kind] = repo.record_unknown(conn, name, diff.unknown, now)
                     result.destroyed[repo.kind] = len(
-                        repo.delete_confirmed_destroyed(conn, diff.confirmed_destroyed)
+                        repo.delete_confirmed_destroyed(conn, name, diff.confirmed_destroyed)
                     )
-                if result.rows_written:
-                    self.workers.bump_generation(conn, [message.worker])
             if not may_mark:
                 result.outcome = ReportOutcome.WORKER_NOT_RUNNING
                 result.reason = (
@@ -232,6 +228,7 @@ class Reconciler:
                 worker_clock=message.clock,
                 confirmed_at=now if may_mark else None,
                 digest=digest if may_mark and not result.fast_path else None,
+                rows_changed=bool(result.rows_written),
             )
         return self._logged(result)
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, case, insert, literal, select
 
 from gcworker.db.tables import audit_events
 
@@ -47,6 +47,41 @@ class AuditRepository:
         if rows:
             conn.execute(audit_events.insert(), rows)
         return len(rows)
+
+    def record_returned(
+        self,
+        conn: Connection,
+        changes,
+        *,
+        action: str,
+        kind: str,
+        worker: str | None,
+        reasons: dict[str, str],
+        actor: str,
+        now: datetime,
+    ) -> int:
+        """Run `changes` (a DELETE or UPDATE ... RETURNING handle, reason) and audit every row it
+        returns in the same statement (PostgreSQL): no row travels to Python and back.
+        `reasons` rewrites the returned reasons; returns the number of rows changed."""
+        changed = changes.cte("changed")
+        reason = (
+            case(reasons, value=changed.c.reason, else_=changed.c.reason)
+            if reasons
+            else changed.c.reason
+        )
+        rows = select(
+            literal(now, audit_events.c.at.type),
+            literal(actor),
+            literal(action),
+            literal(kind),
+            changed.c.handle,
+            literal(worker),
+            reason,
+            literal(False),
+        ).select_from(changed)
+        columns = ["at", "actor", "action", "kind", "subject", "worker_name", "reason", "dry_run"]
+        statement = insert(audit_events).from_select(columns, rows).add_cte(changed)
+        return conn.execute(statement).rowcount
 
     def list(self, conn: Connection, limit: int | None = None) -> list[dict]:
         query = select(audit_events).order_by(audit_events.c.at.desc(), audit_events.c.id.desc())

@@ -101,10 +101,23 @@ class Database:
     def now(self, connection: Connection) -> datetime:
         """The control plane's clock, read through `connection`."""
         if self.is_postgresql:
-            current = connection.execute(select(func.clock_timestamp())).scalar_one()
-        else:
-            current = datetime.now(UTC)
+            return self.clock(connection.execute(select(func.clock_timestamp())).scalar_one())
+        return self.clock(datetime.now(UTC))
+
+    def clock(self, current: datetime) -> datetime:
+        """The control plane's time from a `clock_timestamp()` read along with other columns."""
         return current.astimezone(UTC) + self.offset
+
+    def commit_without_waiting(self, connection: Connection) -> None:
+        """Let this transaction's commit return before its WAL reaches the disk (PostgreSQL
+        `synchronous_commit = off`, for this transaction only; nothing on SQLite).
+
+        Only for transactions whose loss in a server crash equals a report that never arrived
+        or a deletion not made yet: such a commit is visible at once, is never half-applied, and
+        becomes durable no later than any durable commit that saw it (WAL is flushed in order).
+        """
+        if self.is_postgresql:
+            connection.execute(select(func.set_config("synchronous_commit", "off", True)))
 
     def advance(self, by: timedelta) -> None:
         self.offset += by

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Table, delete, func, literal, select, true, update
+from sqlalchemy import Connection, Table, case, delete, func, literal, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gcworker.db.database import Database
 from gcworker.db.tables import containers, volumes, workers
-from gcworker.rules import StoredRow
+from gcworker.rules import WorkerRows
 
 
 class InventoryRepository:
@@ -28,16 +28,24 @@ class InventoryRepository:
 
     # Reads -------------------------------------------------------------------------------
 
-    def rows_of_worker(self, conn: Connection, worker: str) -> list[StoredRow]:
+    def handles_of_worker(self, conn: Connection, worker: str) -> WorkerRows:
+        """The worker's handles by state, in one short result: one row per (state, marked) with
+        the handles joined by commas (a handle never holds one), not one row per handle."""
         t = self.table
-        result = conn.execute(
-            select(t.c.id, t.c.handle, t.c.state, t.c.missing_since.is_not(None)).where(
-                t.c.worker_name == worker
-            )
+        marked = t.c.missing_since.is_not(None)
+        joined = (
+            func.string_agg(t.c.handle, ",")
+            if self.db.is_postgresql
+            else func.group_concat(t.c.handle, ",")
         )
-        return [
-            StoredRow(id_, handle, state, bool(missing)) for id_, handle, state, missing in result
-        ]
+        result = conn.execute(
+            select(t.c.state, marked, joined)
+            .where(t.c.worker_name == worker)
+            .group_by(t.c.state, marked)
+        )
+        return WorkerRows.of(
+            (state, bool(missing), handles.split(",")) for state, missing, handles in result
+        )
 
     def handles_in_state(self, conn: Connection, worker: str, state: str) -> list[str]:
         t = self.table
@@ -73,27 +81,34 @@ class InventoryRepository:
 
     # Report rules ------------------------------------------------------------------------
 
-    def mark_missing(self, conn: Connection, ids: list[int], now: datetime) -> int:
+    def mark_missing(self, conn: Connection, worker: str, handles: list[str], now: datetime) -> int:
         """Rule 1: mark created rows the report lacks; never a creating row, never twice."""
-        if not ids:
+        if not handles:
             return 0
         t = self.table
         return conn.execute(
             update(t)
             .where(
-                self.db.member_of(t.c.id, ids), t.c.state == "created", t.c.missing_since.is_(None)
+                self.db.member_of(t.c.handle, handles),
+                t.c.worker_name == worker,
+                t.c.state == "created",
+                t.c.missing_since.is_(None),
             )
             .values(missing_since=now)
         ).rowcount
 
-    def clear_missing(self, conn: Connection, ids: list[int]) -> int:
+    def clear_missing(self, conn: Connection, worker: str, handles: list[str]) -> int:
         """Rule 3: a reported handle clears its mark; only marked rows are written."""
-        if not ids:
+        if not handles:
             return 0
         t = self.table
         return conn.execute(
             update(t)
-            .where(self.db.member_of(t.c.id, ids), t.c.missing_since.is_not(None))
+            .where(
+                self.db.member_of(t.c.handle, handles),
+                t.c.worker_name == worker,
+                t.c.missing_since.is_not(None),
+            )
             .values(missing_since=None)
         ).rowcount
 
@@ -132,14 +147,20 @@ class InventoryRepository:
         )
         return conn.execute(statement).rowcount
 
-    def delete_confirmed_destroyed(self, conn: Connection, ids: list[int]) -> list[str]:
+    def delete_confirmed_destroyed(
+        self, conn: Connection, worker: str, handles: list[str]
+    ) -> list[str]:
         """Rule 9: a destroying row whose handle the worker no longer reports is done."""
-        if not ids:
+        if not handles:
             return []
         t = self.table
         result = conn.execute(
             delete(t)
-            .where(self.db.member_of(t.c.id, ids), t.c.state == "destroying")
+            .where(
+                self.db.member_of(t.c.handle, handles),
+                t.c.worker_name == worker,
+                t.c.state == "destroying",
+            )
             .returning(t.c.handle)
         )
         return sorted(result.scalars())
@@ -241,11 +262,17 @@ class InventoryRepository:
     ) -> list[tuple[str, str]]:
         """Rule 4: delete these rows of `worker` if they are still missing since `cutoff` or
         earlier. Returns (handle, reason) for every deleted row."""
+        return sorted(conn.execute(self.delete_missing_statement(worker, ids, cutoff)).all())
+
+    def delete_missing_statement(self, worker: str, ids: list[int], cutoff: datetime):
+        """`delete_missing` as one statement returning (handle, reason), so that the audit can
+        be written from it in the same statement (`AuditRepository.record_returned`)."""
         t = self.table
-        result = conn.execute(
-            delete(t).where(*self._missing_before(worker, ids, cutoff)).returning(t.c.handle)
+        return (
+            delete(t)
+            .where(*self._missing_before(worker, ids, cutoff))
+            .returning(t.c.handle, literal("missing").label("reason"))
         )
-        return [(handle, "missing") for handle in sorted(result.scalars())]
 
     def _missing_before(self, worker: str, ids: list[int], cutoff: datetime) -> tuple:
         t = self.table
@@ -327,13 +354,7 @@ class VolumeRepository(InventoryRepository):
         self, conn: Connection, worker: str, ids: list[int], cutoff: datetime
     ) -> list[tuple[str, str]]:
         """Rule 4 for volumes: a missing volume's copy-on-write descendants go with it."""
-        subtree = (
-            select(volumes.c.id)
-            .where(*self._missing_before(worker, ids, cutoff))
-            .cte("subtree", recursive=True)
-        )
-        child = volumes.alias("child")
-        subtree = subtree.union(select(child.c.id).where(child.c.parent_id == subtree.c.id))
+        subtree = self._missing_subtree(worker, ids, cutoff)
         # Read the subtree before deleting it: SQLite evaluates the CTE while it deletes, and the
         # foreign-key cascade removes descendants unseen by RETURNING (and so unaudited).
         result = conn.execute(
@@ -344,4 +365,27 @@ class VolumeRepository(InventoryRepository):
         return sorted(
             (handle, "missing" if id_ in roots else "descendant of a missing volume")
             for id_, handle in result
+        )
+
+    def _missing_subtree(self, worker: str, ids: list[int], cutoff: datetime):
+        subtree = (
+            select(volumes.c.id)
+            .where(*self._missing_before(worker, ids, cutoff))
+            .cte("subtree", recursive=True)
+        )
+        child = volumes.alias("child")
+        return subtree.union(select(child.c.id).where(child.c.parent_id == subtree.c.id))
+
+    def delete_missing_statement(self, worker: str, ids: list[int], cutoff: datetime):
+        """`delete_missing` in one statement, for PostgreSQL: the subtree is read before the
+        statement deletes, and the cascade runs after it, so RETURNING sees every row."""
+        subtree = self._missing_subtree(worker, ids, cutoff)
+        reason = case(
+            (self.db.member_of(volumes.c.id, ids), literal("missing")),
+            else_=literal("descendant of a missing volume"),
+        )
+        return (
+            delete(volumes)
+            .where(volumes.c.id.in_(select(subtree.c.id)))
+            .returning(volumes.c.handle, reason.label("reason"))
         )

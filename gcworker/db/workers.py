@@ -44,6 +44,29 @@ class WorkerRepository:
         ).one_or_none()
         return WorkerView(**row._mapping) if row else None
 
+    def lock_for_report(self, conn: Connection, name: str) -> tuple[WorkerView | None, datetime]:
+        """`lock`, for a report's transaction: on PostgreSQL the same statement reads the
+        control plane's clock and makes the commit not wait for the disk
+        (`Database.commit_without_waiting`: a report lost in a server crash is a report that
+        never arrived, which the rules already tolerate). One round trip instead of three."""
+        if not self.db.is_postgresql:
+            return self.lock(conn, name), self.db.now(conn)
+        row = conn.execute(
+            select(
+                *_VIEW_COLUMNS,
+                func.clock_timestamp().label("clock_now"),
+                func.set_config("synchronous_commit", "off", True).label("relaxed"),
+            )
+            .where(workers.c.name == name)
+            .with_for_update()
+        ).one_or_none()
+        if row is None:
+            return None, self.db.now(conn)
+        fields = dict(row._mapping)
+        now = self.db.clock(fields.pop("clock_now"))
+        fields.pop("relaxed")
+        return WorkerView(**fields), now
+
     def get(self, conn: Connection, name: str) -> dict:
         row = conn.execute(select(workers).where(workers.c.name == name)).one_or_none()
         if row is None:
@@ -121,13 +144,18 @@ class WorkerRepository:
         worker_clock: datetime | None,
         confirmed_at: datetime | None,
         digest: str | None,
+        rows_changed: bool = False,
     ) -> None:
-        """Advance the report sequence (rule 6); `confirmed_at` is set by a report that may mark."""
+        """Advance the report sequence (rule 6); `confirmed_at` is set by a report that may mark;
+        `rows_changed` bumps the generation in the same statement (the report wrote rows)."""
         values = {"last_report_seq": seq, "last_worker_clock": worker_clock}
         if confirmed_at is not None:
             values["last_report_at"] = confirmed_at
+        generation = workers.c.generation + 1 if rows_changed else workers.c.generation
+        if rows_changed:
+            values["generation"] = generation
         if digest is not None:
-            values.update(report_digest=digest, report_generation=workers.c.generation)
+            values.update(report_digest=digest, report_generation=generation)
         conn.execute(update(workers).where(workers.c.name == name).values(**values))
 
     def bump_generation(self, conn: Connection, names) -> None:

@@ -14,7 +14,7 @@ import heapq
 import logging
 from itertools import groupby
 
-from gcworker.db.audit import AuditEntry
+from gcworker.db.audit import AuditEntry, AuditRepository
 from gcworker.db.inventory import ContainerRepository, InventoryRepository, VolumeRepository
 from gcworker.db.workers import WorkerRepository
 from gcworker.gc.context import CollectionContext
@@ -76,16 +76,37 @@ class MissingRowCollector:
             cutoff = deletion_cutoff(step.now, current.last_report_at, grace)
             if cutoff is None:
                 return False
-            deleted = repo.delete_missing(step.conn, worker, ids, cutoff)
-            if deleted:
+            # A batch lost in a server crash is a deletion not made yet: the next collection
+            # makes it. Not waiting for the disk at each of many short commits keeps the whole
+            # collection close to one unbatched DELETE.
+            ctx.db.commit_without_waiting(step.conn)
+            if ctx.dry_run or not ctx.db.is_postgresql:
+                deleted = repo.delete_missing(step.conn, worker, ids, cutoff)
+                ctx.record(
+                    step,
+                    [
+                        AuditEntry(
+                            "delete", repo.kind, handle, _reason(reason, grace), worker=worker
+                        )
+                        for handle, reason in deleted
+                    ],
+                )
+                count = len(deleted)
+            else:
+                # One statement deletes the batch and writes its audit rows (rule 13).
+                count = AuditRepository().record_returned(
+                    step.conn,
+                    repo.delete_missing_statement(worker, ids, cutoff),
+                    action="delete",
+                    kind=repo.kind,
+                    worker=worker,
+                    reasons={"missing": _reason("missing", grace)},
+                    actor="collector",
+                    now=step.now,
+                )
+                ctx.counts[("delete", repo.kind)] += count
+            if count:
                 workers.bump_generation(step.conn, [worker])
-            ctx.record(
-                step,
-                [
-                    AuditEntry("delete", repo.kind, handle, _reason(reason, grace), worker=worker)
-                    for handle, reason in deleted
-                ],
-            )
         return True
 
 
