@@ -98,6 +98,36 @@ MISSING_ROWS = Gauge(
     multiprocess_mode="mostrecent",
 )
 
+DISRUPTION = Gauge(
+    "gcworker_disruption",
+    "1 while the collector is in disruption mode (rule 12: stalling no one, deleting nothing), "
+    "as of the last collection; else 0.",
+    multiprocess_mode="mostrecent",
+)
+
+# Control plane: the broker, as the last collection saw it (gcworker.broker_health) ----------
+
+HEARTBEAT_RECONCILERS = Gauge(
+    "gcworker_heartbeat_reconcilers",
+    "Reconcilers holding a live lease on the heartbeats queue.",
+    multiprocess_mode="mostrecent",
+)
+HEARTBEATS_WAITING = Gauge(
+    "gcworker_heartbeats_waiting",
+    "Heartbeats waiting in the broker's heartbeats queue.",
+    multiprocess_mode="mostrecent",
+)
+HEARTBEAT_WAIT_SECONDS = Gauge(
+    "gcworker_heartbeat_wait_seconds",
+    "A heartbeat still in the queue has waited at least this long (0: none seen waiting).",
+    multiprocess_mode="mostrecent",
+)
+HEARTBEATS_RETRYING = Gauge(
+    "gcworker_heartbeats_retrying",
+    "Heartbeats waiting for a retry (the database refused them).",
+    multiprocess_mode="mostrecent",
+)
+
 # Reporter ----------------------------------------------------------------------------------
 
 REPORTER_SENT = Counter(

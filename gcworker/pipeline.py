@@ -67,7 +67,12 @@ def observe(result, seconds: float) -> None:
 def run_collection(
     plane, *, self_check: Callable[[], str | None] | None = None
 ) -> CollectionSummary:
-    """One fenced collection (rule 11), counted; a skipped one (fence taken) says so."""
+    """One fenced collection (rule 11), counted; a skipped one (fence taken) says so.
+
+    `self_check` is the brake's question "is the control plane itself behind?" (rule 12; in
+    broker mode `gcworker.broker_health.BrokerSelfCheck`); `gcworker_disruption` follows the
+    brake's answer.
+    """
     try:
         summary = collect(plane.db, plane.settings, self_check=self_check)
     except Exception:
@@ -82,6 +87,7 @@ def run_collection(
         )
         return summary
     metrics.COLLECTION_SECONDS.observe(summary.seconds)
+    metrics.DISRUPTION.set(1 if summary.disrupted else 0)
     if not summary.dry_run:
         for kind in ("container", "volume", "worker"):
             deleted = summary.counts.get(f"{kind}s deleted", 0)
@@ -93,6 +99,7 @@ def run_collection(
         extra={
             "outcome": summary.outcome,
             "dry_run": summary.dry_run,
+            "disruption": summary.disruption_reason,
             "seconds": round(summary.seconds, 4),
             "changes": summary.counts,
             "fenced_from": summary.fenced_from,

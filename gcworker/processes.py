@@ -59,7 +59,9 @@ def reconciler_argv(
 
 
 def beat_argv(*, log_level: str = "WARNING") -> list[str]:
-    return _celery("beat", "--loglevel", log_level, "--scheduler", "redbeat.RedBeatScheduler")
+    from tasks.schedule import BEAT_SCHEDULER
+
+    return _celery("beat", "--loglevel", log_level, "--scheduler", BEAT_SCHEDULER)
 
 
 def flower_argv(*, port: int = 5555, address: str = "") -> list[str]:

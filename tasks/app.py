@@ -16,6 +16,10 @@ Delivery guarantees:
 - A message the decoder rejects is acknowledged after its dead-letter entry is written and
   logged: never redelivered forever, never crashing the reconciler.
 
+Each reconciler holds a lease in Redis on every queue it consumes, renewed from its consumer's
+event loop (`HeartbeatLease` below, `gcworker.broker_health`): the collector's safety brake holds
+while no reconciler is alive to process heartbeats (rule 12).
+
 `gcworker reconciler` and `gcworker beat` run this app with the right options; `gcworker up`
 starts both (and Flower) as child processes.
 """
@@ -26,7 +30,7 @@ import logging
 import os
 import shutil
 
-from celery import signals
+from celery import bootsteps, signals
 
 from gcworker.settings import Settings, SettingsError, load_settings
 from tasks.config import make_app
@@ -103,6 +107,46 @@ def _worker_init(**_):
                 "pool processes that apply events (start with `gcworker reconciler`)"
             )
         metrics.serve(int(port))
+
+
+class HeartbeatLease(bootsteps.StartStopStep):
+    """The reconciler's leases on the queues it consumes (`gcworker.broker_health.LeaseKeeper`).
+
+    A consumer step: started once the task consumer is, renewed by the consumer's own timer (so
+    a reconciler whose event loop is stuck stops renewing), stopped when the consumer loses its
+    broker connection (the lease lapses; the reconnected consumer starts it afresh), and given
+    back when the reconciler stops."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, parent, **kwargs):
+        super().__init__(parent, **kwargs)
+        self.keeper = None
+        self.timer_entry = None
+
+    def start(self, c):
+        from gcworker.broker_health import LeaseKeeper
+
+        if self.keeper is None:
+            queues = list(c.app.amqp.queues.consume_from or ())
+            self.keeper = LeaseKeeper.for_node(settings, c.hostname, queues)
+        self.keeper.renew(reset=True)
+        self.timer_entry = c.timer.call_repeatedly(self.keeper.every, self.keeper.renew)
+
+    def stop(self, c):
+        if self.timer_entry is not None:
+            self.timer_entry.cancel()
+            self.timer_entry = None
+
+    def shutdown(self, c):
+        self.stop(c)
+        if self.keeper is not None:
+            self.keeper.release()
+            self.keeper.close()
+            self.keeper = None
+
+
+app.steps["consumer"].add(HeartbeatLease)
 
 
 @signals.worker_process_shutdown.connect

@@ -8,10 +8,15 @@ acknowledged. After a report, the task hands the worker's destroying handles to 
 through Redis (`gcworker.handoff`).
 
 A database that cannot be reached (OperationalError) makes the task retry with backoff; the
-redelivered message is harmless (rule 6).
+redelivered message is harmless (rule 6). A heartbeat waiting for its retry is marked in Redis
+until it ends, and the collect task hands the brake a check of the broker
+(`gcworker.broker_health`): while heartbeats wait (for a retry, or in the queue for longer than
+the TTL) or no reconciler is alive to process them, the collector stalls no one (rule 12).
 """
 
 from __future__ import annotations
+
+import logging
 
 from sqlalchemy.exc import OperationalError
 
@@ -20,6 +25,8 @@ from gcworker.reconcile import ReportResult
 from gcworker.rules import ReportOutcome
 from tasks.app import app, settings
 from tasks.routing import COLLECT_TASK, HEARTBEAT_TASK, REPORT_TASK
+
+log = logging.getLogger(__name__)
 
 RETRY = {
     "autoretry_for": (OperationalError,),
@@ -31,6 +38,8 @@ RETRY = {
 
 _plane = None
 _board = None
+_health = None
+_self_check = None
 
 
 def control_plane():
@@ -52,8 +61,49 @@ def board():
     return _board
 
 
+def health():
+    global _health
+    if _health is None:
+        from gcworker.broker_health import BrokerHealth
+
+        _health = BrokerHealth.from_settings(settings)
+    return _health
+
+
+def self_check():
+    global _self_check
+    if _self_check is None:
+        from gcworker.broker_health import BrokerSelfCheck
+
+        _self_check = BrokerSelfCheck(health())
+    return _self_check
+
+
+class HeartbeatTask(app.Task):
+    """A heartbeat waiting for a retry is marked in Redis until it ends, however it ends."""
+
+    def on_retry(self, exc, task_id, args, kwargs, einfo):
+        _quietly(health().mark_retrying, task_id)
+
+    def on_success(self, retval, task_id, args, kwargs):
+        if self.request.retries:
+            _quietly(health().unmark_retrying, task_id)
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        _quietly(health().unmark_retrying, task_id)
+
+
+def _quietly(action, task_id) -> None:
+    try:
+        action(task_id)
+    except Exception as error:  # noqa: BLE001 - a lost mark lapses, a stale one too
+        log.warning(
+            "heartbeat retry mark not updated", extra={"task": task_id, "error": str(error)}
+        )
+
+
 # Any other arguments than one envelope make a malformed envelope: rejected and dead-lettered.
-@app.task(name=HEARTBEAT_TASK, **RETRY)
+@app.task(name=HEARTBEAT_TASK, base=HeartbeatTask, **RETRY)
 def record_heartbeat(envelope=None, *_args, **_kwargs):
     pipeline.receive(control_plane(), envelope, task="heartbeat")
 
@@ -73,4 +123,4 @@ def reconcile_report(envelope=None, *_args, **_kwargs):
 # A collection needs no redelivery: beat sends the next trigger one interval later.
 @app.task(name=COLLECT_TASK, acks_late=False)
 def run_collection():
-    pipeline.run_collection(control_plane())
+    pipeline.run_collection(control_plane(), self_check=self_check())

@@ -13,6 +13,8 @@ from datetime import timedelta
 from tasks.routing import COLLECT_TASK, QUEUES
 
 LOOP_INTERVAL_CAP = timedelta(seconds=5)
+# redbeat, made to outlive a broker outage or restart (see tasks/beat.py).
+BEAT_SCHEDULER = "tasks.beat:Scheduler"
 
 
 def beat_schedule(settings) -> dict:
@@ -31,7 +33,7 @@ def beat_config(settings) -> dict:
     """Celery settings of beat and redbeat."""
     loop = min(settings.gc_interval, LOOP_INTERVAL_CAP).total_seconds()
     return {
-        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "beat_scheduler": BEAT_SCHEDULER,
         "beat_schedule": beat_schedule(settings),
         "beat_max_loop_interval": loop,
         "redbeat_redis_url": settings.broker_url or None,

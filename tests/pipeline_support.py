@@ -84,7 +84,7 @@ class Pipeline:
             **settings,
         }
         self.settings = load_settings(**self.overrides)
-        self.redis = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+        self.redis = redis.Redis.from_url(self.settings.broker_url, decode_responses=True)
         self.procs: list[Proc] = []
         self._channel = None
 

@@ -53,6 +53,7 @@ class SafetyBrake:
             if reason is None and ctx.self_check is not None:
                 reason = ctx.self_check()
             ctx.disrupted = reason is not None
+            ctx.disruption_reason = reason
             if reason is not None:
                 log.warning(
                     "disruption mode: stalling no one, deleting nothing", extra={"reason": reason}

@@ -38,6 +38,9 @@ class CollectionSummary:
     # Wall-clock instants (time.time()) at which the fence was taken and about to be released.
     fenced_from: float | None = None
     fenced_until: float | None = None
+    # Disruption mode (rule 12) during this collection, and why.
+    disrupted: bool = False
+    disruption_reason: str | None = None
 
     def line(self) -> str:
         if self.outcome == "skipped":
@@ -83,6 +86,8 @@ def collect(
         seconds=time.perf_counter() - started,
         fenced_from=fenced_from,
         fenced_until=fenced_until,
+        disrupted=ctx.disrupted,
+        disruption_reason=ctx.disruption_reason,
     )
     log.info(summary.line())
     return summary

@@ -36,6 +36,7 @@ class CollectionContext:
     self_check: Callable[[], str | None] | None = None
     # Set by the safety brake at the start of each collection.
     disrupted: bool = False
+    disruption_reason: str | None = None
     counts: Counter = field(default_factory=Counter)
     pending_audit: list[AuditEntry] = field(default_factory=list)
 
