@@ -16,7 +16,12 @@ from sqlalchemy.exc import IntegrityError
 
 from gcworker.db.audit import AuditEntry, AuditRepository
 from gcworker.db.database import Database
-from gcworker.db.inventory import ContainerRepository, InventoryRepository, VolumeRepository
+from gcworker.db.inventory import (
+    ContainerRepository,
+    InventoryRepository,
+    VolumeRepository,
+    handles_by_kind,
+)
 from gcworker.db.workers import WorkerRepository
 from gcworker.messages import Heartbeat, Report, UnchangedReport
 from gcworker.rules import (
@@ -159,7 +164,9 @@ class Reconciler:
 
     def _judge(self, conn: Connection, message: Report | UnchangedReport):
         """Lock the worker and judge the report (rules 2, 6, 7): (now, worker, result)."""
-        worker, now = self.workers.lock_for_report(conn, message.worker)
+        worker, now = self.workers.lock_with_clock(
+            conn, message.worker, commit_without_waiting=True
+        )
         outcome, reason = judge_report(worker, message.incarnation, message.seq)
         result = ReportResult(message.worker, outcome, reason)
         if message.clock is not None:
@@ -204,9 +211,9 @@ class Reconciler:
             if may_mark and report_is_unchanged(worker, digest):
                 result.fast_path = True
             else:
+                rows = handles_by_kind(conn, message.worker, self.inventories)
                 for repo in self.inventories:
-                    rows = repo.handles_of_worker(conn, message.worker)
-                    diff = diff_handles(rows, reported[repo.kind], may_mark=may_mark)
+                    diff = diff_handles(rows[repo.kind], reported[repo.kind], may_mark=may_mark)
                     name = message.worker
                     result.marked[repo.kind] = repo.mark_missing(conn, name, diff.to_mark, now)
                     result.cleared[repo.kind] = repo.clear_missing(conn, name, diff.to_clear)

@@ -141,6 +141,7 @@ def build_table(result):
         for key, label in (
             ("gcworker", f"collector, batches of {col['delete_batch_size']:,}"),
             ("unbatched_delete", "unbatched DELETE (one per table)"),
+            ("unbatched_delete_with_audit", "unbatched DELETE + audit rows, same statement"),
         ):
             run = col[key]
             table.add_row(

@@ -11,12 +11,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Table, case, delete, func, literal, select, true, update
+from sqlalchemy import (
+    Connection,
+    Table,
+    Text,
+    case,
+    cast,
+    delete,
+    func,
+    literal,
+    select,
+    true,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gcworker.db.database import Database
 from gcworker.db.tables import containers, volumes, workers
 from gcworker.rules import WorkerRows
+
+# From this many handles on, a statement on a worker's rows also names the worker (see
+# `InventoryRepository._of_worker`).
+WORKER_INDEX_FROM = 1000
 
 
 class InventoryRepository:
@@ -28,9 +45,7 @@ class InventoryRepository:
 
     # Reads -------------------------------------------------------------------------------
 
-    def handles_of_worker(self, conn: Connection, worker: str) -> WorkerRows:
-        """The worker's handles by state, in one short result: one row per (state, marked) with
-        the handles joined by commas (a handle never holds one), not one row per handle."""
+    def _handles_by_state(self, worker: str):
         t = self.table
         marked = t.c.missing_since.is_not(None)
         joined = (
@@ -38,13 +53,10 @@ class InventoryRepository:
             if self.db.is_postgresql
             else func.group_concat(t.c.handle, ",")
         )
-        result = conn.execute(
-            select(t.c.state, marked, joined)
+        return (
+            select(literal(self.kind).label("kind"), t.c.state, marked.label("marked"), joined)
             .where(t.c.worker_name == worker)
             .group_by(t.c.state, marked)
-        )
-        return WorkerRows.of(
-            (state, bool(missing), handles.split(",")) for state, missing, handles in result
         )
 
     def handles_in_state(self, conn: Connection, worker: str, state: str) -> list[str]:
@@ -82,15 +94,16 @@ class InventoryRepository:
     # Report rules ------------------------------------------------------------------------
 
     def mark_missing(self, conn: Connection, worker: str, handles: list[str], now: datetime) -> int:
-        """Rule 1: mark created rows the report lacks; never a creating row, never twice."""
+        """Rule 1: mark created rows the report lacks; never a creating row, never twice.
+
+        `handles` are the worker's own (read under its lock, and handles are unique)."""
         if not handles:
             return 0
         t = self.table
         return conn.execute(
             update(t)
             .where(
-                self.db.member_of(t.c.handle, handles),
-                t.c.worker_name == worker,
+                *self._of_worker(worker, handles),
                 t.c.state == "created",
                 t.c.missing_since.is_(None),
             )
@@ -104,13 +117,21 @@ class InventoryRepository:
         t = self.table
         return conn.execute(
             update(t)
-            .where(
-                self.db.member_of(t.c.handle, handles),
-                t.c.worker_name == worker,
-                t.c.missing_since.is_not(None),
-            )
+            .where(*self._of_worker(worker, handles), t.c.missing_since.is_not(None))
             .values(missing_since=None)
         ).rowcount
+
+    def _of_worker(self, worker: str, handles: list[str]) -> tuple:
+        """The rows of these handles of the worker. The handles come from the worker's own rows,
+        read under its lock (and handles are unique): the worker condition is needed only as a
+        hint for PostgreSQL's planner, and only for many handles, where scanning the worker's
+        index beats one probe per handle; for a few, it would make the planner scan the worker's
+        whole index range for nothing."""
+        t = self.table
+        rows = (self.db.member_of(t.c.handle, handles),)
+        if len(handles) >= WORKER_INDEX_FROM:
+            rows += (t.c.worker_name == worker,)
+        return rows
 
     def clear_all_marks(self, conn: Connection, worker: str) -> int:
         """Rule 5: when a worker comes back, absence must be seen afresh."""
@@ -156,11 +177,7 @@ class InventoryRepository:
         t = self.table
         result = conn.execute(
             delete(t)
-            .where(
-                self.db.member_of(t.c.handle, handles),
-                t.c.worker_name == worker,
-                t.c.state == "destroying",
-            )
+            .where(*self._of_worker(worker, handles), t.c.state == "destroying")
             .returning(t.c.handle)
         )
         return sorted(result.scalars())
@@ -235,15 +252,18 @@ class InventoryRepository:
     def _may_destroy(self) -> tuple:
         return ()
 
-    def oldest_deletable(
-        self, conn: Connection, now: datetime, grace: timedelta, limit: int
-    ) -> list[tuple[datetime, int, str]]:
-        """Rule 4's candidates, oldest mark first: (missing_since, id, worker) of rows missing
+    def _deletable(self, now: datetime, grace: timedelta):
+        """Rule 4's candidates of this kind: (kind, missing_since, id, worker) of rows missing
         for the grace period on a running worker whose last report, received at or after
         `missing_since + grace`, still lacked them."""
         t = self.table
-        query = (
-            select(t.c.missing_since, t.c.id, t.c.worker_name)
+        return (
+            select(
+                literal(self.kind).label("kind"),
+                t.c.missing_since,
+                t.c.id,
+                t.c.worker_name,
+            )
             .join(workers, workers.c.name == t.c.worker_name)
             .where(
                 workers.c.state == "running",
@@ -252,10 +272,7 @@ class InventoryRepository:
                 t.c.missing_since <= now - grace,
                 t.c.missing_since <= self.db.minus(workers.c.last_report_at, grace),
             )
-            .order_by(t.c.missing_since, t.c.id)
-            .limit(limit)
         )
-        return [tuple(row) for row in conn.execute(query)]
 
     def delete_missing(
         self, conn: Connection, worker: str, ids: list[int], cutoff: datetime
@@ -296,6 +313,62 @@ class InventoryRepository:
         return conn.execute(
             select(func.count()).select_from(t).where(t.c.missing_since.is_not(None))
         ).scalar_one()
+
+
+def handles_by_kind(
+    conn: Connection, worker: str, repos: Iterable[InventoryRepository]
+) -> dict[str, WorkerRows]:
+    """The worker's handles by state, for each kind, in one statement and one short result: a
+    row per (kind, state, marked) with the handles joined by commas (a handle never holds one),
+    not a row per handle. On PostgreSQL the worker index covers these columns."""
+    repos = list(repos)
+    groups: dict[str, list] = {repo.kind: [] for repo in repos}
+    query = union_all(*(repo._handles_by_state(worker) for repo in repos))
+    for kind, state, marked, handles in conn.execute(query):
+        groups[kind].append((state, bool(marked), handles.split(",")))
+    return {kind: WorkerRows.of(found) for kind, found in groups.items()}
+
+
+def oldest_deletable(
+    conn: Connection,
+    repos: Iterable[InventoryRepository],
+    now: datetime,
+    grace: timedelta,
+    cap: int,
+) -> tuple[list[tuple[str, str, list[int]]], bool]:
+    """Rule 4's candidates of every kind, the oldest marks first across kinds and workers, at
+    most `cap`: (kind, worker, ids) groups, and whether more were waiting. Grouped by the
+    database: the ids come back joined, a row per group, not a row per candidate; ranked (a
+    sort of every candidate) only when there are more than `cap`."""
+    repos = list(repos)
+    candidates = union_all(*(repo._deletable(now, grace) for repo in repos)).subquery()
+    groups = _grouped_ids(conn, repos[0].db, candidates)
+    if sum(len(ids) for _, _, ids in groups) <= cap:
+        return groups, False
+    c = candidates.c
+    oldest = (
+        select(c.kind, c.worker_name, c.id)
+        .order_by(c.missing_since, c.kind, c.worker_name, c.id)
+        .limit(cap)
+        .subquery()
+    )
+    return _grouped_ids(conn, repos[0].db, oldest), True
+
+
+def _grouped_ids(conn: Connection, db: Database, rows) -> list[tuple[str, str, list[int]]]:
+    r = rows.c
+    joined = (
+        func.string_agg(cast(r.id, Text), ",") if db.is_postgresql else func.group_concat(r.id, ",")
+    )
+    query = (
+        select(r.kind, r.worker_name, joined)
+        .group_by(r.kind, r.worker_name)
+        .order_by(r.kind, r.worker_name)
+    )
+    return [
+        (kind, worker, [int(id_) for id_ in str(ids).split(",")])
+        for kind, worker, ids in conn.execute(query)
+    ]
 
 
 class ContainerRepository(InventoryRepository):

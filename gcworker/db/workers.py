@@ -44,27 +44,28 @@ class WorkerRepository:
         ).one_or_none()
         return WorkerView(**row._mapping) if row else None
 
-    def lock_for_report(self, conn: Connection, name: str) -> tuple[WorkerView | None, datetime]:
-        """`lock`, for a report's transaction: on PostgreSQL the same statement reads the
-        control plane's clock and makes the commit not wait for the disk
-        (`Database.commit_without_waiting`: a report lost in a server crash is a report that
-        never arrived, which the rules already tolerate). One round trip instead of three."""
+    def lock_with_clock(
+        self, conn: Connection, name: str, *, commit_without_waiting: bool = False
+    ) -> tuple[WorkerView | None, datetime]:
+        """`lock`, and the control plane's time, in one statement on PostgreSQL; with
+        `commit_without_waiting`, the same statement also makes this transaction's commit not
+        wait for the disk (`Database.commit_without_waiting`, for a report or a collector
+        batch, whose loss in a server crash the rules already tolerate)."""
         if not self.db.is_postgresql:
             return self.lock(conn, name), self.db.now(conn)
+        columns = [*_VIEW_COLUMNS, func.clock_timestamp().label("clock_now")]
+        if commit_without_waiting:
+            columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
         row = conn.execute(
-            select(
-                *_VIEW_COLUMNS,
-                func.clock_timestamp().label("clock_now"),
-                func.set_config("synchronous_commit", "off", True).label("relaxed"),
-            )
-            .where(workers.c.name == name)
-            .with_for_update()
+            select(*columns).where(workers.c.name == name).with_for_update()
         ).one_or_none()
         if row is None:
+            if commit_without_waiting:
+                self.db.commit_without_waiting(conn)
             return None, self.db.now(conn)
         fields = dict(row._mapping)
         now = self.db.clock(fields.pop("clock_now"))
-        fields.pop("relaxed")
+        fields.pop("relaxed", None)
         return WorkerView(**fields), now
 
     def get(self, conn: Connection, name: str) -> dict:

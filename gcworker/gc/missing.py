@@ -10,12 +10,15 @@ Nothing is deleted in disruption mode (rule 12).
 
 from __future__ import annotations
 
-import heapq
 import logging
-from itertools import groupby
 
 from gcworker.db.audit import AuditEntry, AuditRepository
-from gcworker.db.inventory import ContainerRepository, InventoryRepository, VolumeRepository
+from gcworker.db.inventory import (
+    ContainerRepository,
+    InventoryRepository,
+    VolumeRepository,
+    oldest_deletable,
+)
 from gcworker.db.workers import WorkerRepository
 from gcworker.gc.context import CollectionContext
 from gcworker.rules import deletion_cutoff
@@ -34,29 +37,14 @@ class MissingRowCollector:
         cap = ctx.settings.max_deletes_per_collection
         repos = (ContainerRepository(ctx.db), VolumeRepository(ctx.db))
         with ctx.step() as step:
-            plan = list(
-                heapq.merge(
-                    *(
-                        [
-                            (since, repo.kind, worker, id_)
-                            for since, id_, worker in repo.oldest_deletable(
-                                step.conn, step.now, grace, cap + 1
-                            )
-                        ]
-                        for repo in repos
-                    )
-                )
-            )
-        if len(plan) > cap:
+            plan, more = oldest_deletable(step.conn, repos, step.now, grace, cap)
+        if more:
             log.warning(
                 "deletion cap reached: the rest wait for the next collection",
-                extra={"cap": cap, "planned": len(plan)},
+                extra={"cap": cap},
             )
-            plan = plan[:cap]
         by_kind = {repo.kind: repo for repo in repos}
-        batches = sorted(plan, key=lambda item: (item[1], item[2]))
-        for (kind, worker), items in groupby(batches, key=lambda item: (item[1], item[2])):
-            ids = [id_ for *_, id_ in items]
+        for kind, worker, ids in plan:
             for start in range(0, len(ids), ctx.settings.delete_batch_size):
                 chunk = ids[start : start + ctx.settings.delete_batch_size]
                 if not self._delete_batch(ctx, by_kind[kind], worker, chunk):
@@ -70,16 +58,17 @@ class MissingRowCollector:
         workers = WorkerRepository(ctx.db)
         grace = ctx.settings.missing_grace_period
         with ctx.step() as step:
-            current = workers.lock(step.conn, worker)
+            # A batch lost in a server crash is a deletion not made yet: the next collection
+            # makes it. Not waiting for the disk at each of many short commits keeps the whole
+            # collection close to one unbatched DELETE.
+            current, _ = workers.lock_with_clock(
+                step.conn, worker, commit_without_waiting=not ctx.dry_run
+            )
             if current is None or current.state != "running":
                 return False
             cutoff = deletion_cutoff(step.now, current.last_report_at, grace)
             if cutoff is None:
                 return False
-            # A batch lost in a server crash is a deletion not made yet: the next collection
-            # makes it. Not waiting for the disk at each of many short commits keeps the whole
-            # collection close to one unbatched DELETE.
-            ctx.db.commit_without_waiting(step.conn)
             if ctx.dry_run or not ctx.db.is_postgresql:
                 deleted = repo.delete_missing(step.conn, worker, ids, cutoff)
                 ctx.record(
