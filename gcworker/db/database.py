@@ -133,6 +133,19 @@ class Database:
             return column == sql_any(cast(self._array_param(values), ARRAY(column.type)))
         return column.in_(select(self.rowset(values).c.value))
 
+    def member_of_parameter(self, column: ColumnElement, name: str) -> ColumnElement:
+        """`member_of` with the values left to the parameter `name`, for a statement built once
+        and run many times; its value is `values_parameter(values)`."""
+        text_param = bindparam(name, type_=Text)
+        if self.is_postgresql:
+            return column == sql_any(cast(text_param, ARRAY(column.type)))
+        return column.in_(select(func.json_each(text_param).table_valued("value").c.value))
+
+    def values_parameter(self, values: Iterable) -> str:
+        """The value of a `member_of_parameter` parameter."""
+        values = list(values)
+        return _pg_array_literal(values) if self.is_postgresql else json.dumps(values)
+
     def rowset(self, values: Iterable):
         """The values as a one-column table (`value`), sent as one parameter."""
         values = list(values)

@@ -8,6 +8,7 @@ and every write is conditional, so that nothing unchanged is rewritten.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
@@ -15,6 +16,7 @@ from sqlalchemy import (
     Connection,
     Table,
     Text,
+    bindparam,
     case,
     cast,
     delete,
@@ -28,12 +30,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gcworker.db.database import Database
-from gcworker.db.tables import containers, volumes, workers
+from gcworker.db.tables import INVENTORY_TABLES, containers, volumes, workers
 from gcworker.rules import WorkerRows
 
 # From this many handles on, a statement on a worker's rows also names the worker (see
-# `InventoryRepository._of_worker`).
+# `InventoryRepository._by_handles`).
 WORKER_INDEX_FROM = 1000
+_BY_HANDLES: dict[tuple, object] = {}
 
 
 class InventoryRepository:
@@ -44,20 +47,6 @@ class InventoryRepository:
         self.db = db
 
     # Reads -------------------------------------------------------------------------------
-
-    def _handles_by_state(self, worker: str):
-        t = self.table
-        marked = t.c.missing_since.is_not(None)
-        joined = (
-            func.string_agg(t.c.handle, ",")
-            if self.db.is_postgresql
-            else func.group_concat(t.c.handle, ",")
-        )
-        return (
-            select(literal(self.kind).label("kind"), t.c.state, marked.label("marked"), joined)
-            .where(t.c.worker_name == worker)
-            .group_by(t.c.state, marked)
-        )
 
     def handles_in_state(self, conn: Connection, worker: str, state: str) -> list[str]:
         t = self.table
@@ -99,39 +88,56 @@ class InventoryRepository:
         `handles` are the worker's own (read under its lock, and handles are unique)."""
         if not handles:
             return 0
-        t = self.table
         return conn.execute(
-            update(t)
-            .where(
-                *self._of_worker(worker, handles),
-                t.c.state == "created",
-                t.c.missing_since.is_(None),
-            )
-            .values(missing_since=now)
+            self._by_handles("mark", len(handles)), self._handles_params(worker, handles, now)
         ).rowcount
 
     def clear_missing(self, conn: Connection, worker: str, handles: list[str]) -> int:
         """Rule 3: a reported handle clears its mark; only marked rows are written."""
         if not handles:
             return 0
-        t = self.table
         return conn.execute(
-            update(t)
-            .where(*self._of_worker(worker, handles), t.c.missing_since.is_not(None))
-            .values(missing_since=None)
+            self._by_handles("clear", len(handles)), self._handles_params(worker, handles)
         ).rowcount
 
-    def _of_worker(self, worker: str, handles: list[str]) -> tuple:
-        """The rows of these handles of the worker. The handles come from the worker's own rows,
-        read under its lock (and handles are unique): the worker condition is needed only as a
-        hint for PostgreSQL's planner, and only for many handles, where scanning the worker's
-        index beats one probe per handle; for a few, it would make the planner scan the worker's
-        whole index range for nothing."""
-        t = self.table
-        rows = (self.db.member_of(t.c.handle, handles),)
-        if len(handles) >= WORKER_INDEX_FROM:
-            rows += (t.c.worker_name == worker,)
-        return rows
+    def _by_handles(self, rule: str, count: int):
+        """The statement of `rule` on the rows of some handles of a worker, built once per kind,
+        backend and shape (building one costs more than running it).
+
+        The handles come from the worker's own rows, read under its lock (and handles are
+        unique): the worker condition is only a hint for PostgreSQL's planner, and only for many
+        handles, where scanning the worker's index beats one probe per handle; for a few, it
+        would make the planner scan the worker's whole index range for nothing."""
+        by_worker = count >= WORKER_INDEX_FROM
+        key = (self.kind, self.db.dialect, rule, by_worker)
+        statement = _BY_HANDLES.get(key)
+        if statement is None:
+            t = self.table
+            where = [self.db.member_of_parameter(t.c.handle, "p_handles")]
+            if by_worker:
+                where.append(t.c.worker_name == bindparam("p_worker"))
+            if rule == "mark":
+                statement = (
+                    update(t)
+                    .where(*where, t.c.state == "created", t.c.missing_since.is_(None))
+                    .values(missing_since=bindparam("p_now", type_=t.c.missing_since.type))
+                )
+            elif rule == "clear":
+                statement = (
+                    update(t)
+                    .where(*where, t.c.missing_since.is_not(None))
+                    .values(missing_since=None)
+                )
+            else:  # "destroyed"
+                statement = delete(t).where(*where, t.c.state == "destroying").returning(t.c.handle)
+            _BY_HANDLES[key] = statement
+        return statement
+
+    def _handles_params(self, worker: str, handles: list[str], now: datetime | None = None):
+        params = {"p_handles": self.db.values_parameter(handles), "p_worker": worker}
+        if now is not None:
+            params["p_now"] = now
+        return params
 
     def clear_all_marks(self, conn: Connection, worker: str) -> int:
         """Rule 5: when a worker comes back, absence must be seen afresh."""
@@ -174,11 +180,8 @@ class InventoryRepository:
         """Rule 9: a destroying row whose handle the worker no longer reports is done."""
         if not handles:
             return []
-        t = self.table
         result = conn.execute(
-            delete(t)
-            .where(*self._of_worker(worker, handles), t.c.state == "destroying")
-            .returning(t.c.handle)
+            self._by_handles("destroyed", len(handles)), self._handles_params(worker, handles)
         )
         return sorted(result.scalars())
 
@@ -323,10 +326,28 @@ def handles_by_kind(
     not a row per handle. On PostgreSQL the worker index covers these columns."""
     repos = list(repos)
     groups: dict[str, list] = {repo.kind: [] for repo in repos}
-    query = union_all(*(repo._handles_by_state(worker) for repo in repos))
-    for kind, state, marked, handles in conn.execute(query):
+    query = _handles_statement(repos[0].db.is_postgresql, tuple(r.kind for r in repos))
+    for kind, state, marked, handles in conn.execute(query, {"p_worker": worker}):
         groups[kind].append((state, bool(marked), handles.split(",")))
     return {kind: WorkerRows.of(found) for kind, found in groups.items()}
+
+
+@functools.cache
+def _handles_statement(postgresql: bool, kinds: tuple[str, ...]):
+    """The statement of `handles_by_kind`, built once: building it costs more than running it."""
+    parts = []
+    for kind in kinds:
+        t = INVENTORY_TABLES[kind]
+        marked = t.c.missing_since.is_not(None)
+        joined = (
+            func.string_agg(t.c.handle, ",") if postgresql else func.group_concat(t.c.handle, ",")
+        )
+        parts.append(
+            select(literal(kind).label("kind"), t.c.state, marked.label("marked"), joined)
+            .where(t.c.worker_name == bindparam("p_worker"))
+            .group_by(t.c.state, marked)
+        )
+    return union_all(*parts)
 
 
 def oldest_deletable(

@@ -6,9 +6,10 @@ accepted report of the same generation can then skip the diff (the steady-state 
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, bindparam, delete, func, select, update
 
 from gcworker.db.database import Database
 from gcworker.db.tables import containers, volumes, workers
@@ -53,11 +54,8 @@ class WorkerRepository:
         batch, whose loss in a server crash the rules already tolerate)."""
         if not self.db.is_postgresql:
             return self.lock(conn, name), self.db.now(conn)
-        columns = [*_VIEW_COLUMNS, func.clock_timestamp().label("clock_now")]
-        if commit_without_waiting:
-            columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
         row = conn.execute(
-            select(*columns).where(workers.c.name == name).with_for_update()
+            _lock_with_clock_statement(commit_without_waiting), {"p_name": name}
         ).one_or_none()
         if row is None:
             if commit_without_waiting:
@@ -149,15 +147,17 @@ class WorkerRepository:
     ) -> None:
         """Advance the report sequence (rule 6); `confirmed_at` is set by a report that may mark;
         `rows_changed` bumps the generation in the same statement (the report wrote rows)."""
-        values = {"last_report_seq": seq, "last_worker_clock": worker_clock}
-        if confirmed_at is not None:
-            values["last_report_at"] = confirmed_at
-        generation = workers.c.generation + 1 if rows_changed else workers.c.generation
-        if rows_changed:
-            values["generation"] = generation
-        if digest is not None:
-            values.update(report_digest=digest, report_generation=generation)
-        conn.execute(update(workers).where(workers.c.name == name).values(**values))
+        shape = (confirmed_at is not None, digest is not None, rows_changed)
+        conn.execute(
+            _record_report_statement(*shape),
+            {
+                "p_name": name,
+                "p_seq": seq,
+                "p_clock": worker_clock,
+                "p_confirmed_at": confirmed_at,
+                "p_digest": digest,
+            },
+        )
 
     def bump_generation(self, conn: Connection, names) -> None:
         """Record that these workers' rows changed; also takes their row locks first."""
@@ -252,3 +252,31 @@ class WorkerRepository:
             ).scalar_one()
             for kind, table in (("containers", containers), ("volumes", volumes))
         }
+
+
+# Statements every report runs, built once (building them costs more than sending them).
+
+
+@functools.cache
+def _lock_with_clock_statement(commit_without_waiting: bool):
+    columns = [*_VIEW_COLUMNS, func.clock_timestamp().label("clock_now")]
+    if commit_without_waiting:
+        columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
+    return select(*columns).where(workers.c.name == bindparam("p_name")).with_for_update()
+
+
+@functools.cache
+def _record_report_statement(confirmed: bool, digest: bool, rows_changed: bool):
+    values = {
+        "last_report_seq": bindparam("p_seq", type_=workers.c.last_report_seq.type),
+        "last_worker_clock": bindparam("p_clock", type_=workers.c.last_worker_clock.type),
+    }
+    if confirmed:
+        values["last_report_at"] = bindparam("p_confirmed_at", type_=workers.c.last_report_at.type)
+    generation = workers.c.generation + 1 if rows_changed else workers.c.generation
+    if rows_changed:
+        values["generation"] = generation
+    if digest:
+        values["report_digest"] = bindparam("p_digest", type_=workers.c.report_digest.type)
+        values["report_generation"] = generation
+    return update(workers).where(workers.c.name == bindparam("p_name")).values(**values)
