@@ -5,6 +5,7 @@ collector and the listings to it."""
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from gcworker.codec import Rejected, decode
 from gcworker.db.audit import AuditRepository
@@ -109,8 +110,13 @@ class ControlPlane:
 
     def destroying_handles(self, worker: str) -> dict[str, list[str]]:
         """What `worker` should remove: its rows in `destroying`, by kind."""
+        return self.destroying_handles_as_of(worker)[1]
+
+    def destroying_handles_as_of(self, worker: str) -> tuple[datetime, dict[str, list[str]]]:
+        """The control plane's time, and what `worker` should remove as of then."""
         with self.db.transaction() as conn:
-            return {
+            now = self.db.now(conn)
+            return now, {
                 repo.kind: repo.handles_in_state(conn, worker, "destroying")
                 for repo in (ContainerRepository(self.db), VolumeRepository(self.db))
             }

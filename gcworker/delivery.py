@@ -12,6 +12,7 @@ reconciler leaves there (`gcworker.handoff`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from gcworker.codec import Message, encode
@@ -24,6 +25,8 @@ from gcworker.settings import Settings
 class Feedback:
     destroying: dict[str, list[str]] = field(default_factory=dict)  # kind -> handles to remove
     full_report_wanted: bool = False
+    # The control plane's time when it wrote this answer (None: it has written none yet).
+    as_of: datetime | None = None
 
 
 class Channel(Protocol):
@@ -52,7 +55,8 @@ class InProcessChannel:
     def feedback(self, worker: str) -> Feedback:
         wanted = worker in self._full_report_wanted
         self._full_report_wanted.discard(worker)
-        return Feedback(self.plane.destroying_handles(worker), wanted)
+        as_of, destroying = self.plane.destroying_handles_as_of(worker)
+        return Feedback(destroying, wanted, as_of)
 
 
 def load_key(settings: Settings):

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
@@ -151,14 +151,20 @@ class DestroyingBoard:
     def feedback(self, worker: str) -> Feedback:
         """What the worker should remove (the newest snapshot, empty if none), and whether the
         control plane asked for a full report; reading the request consumes it."""
-        container_key, volume_key, _ = self.keys(worker)
+        container_key, volume_key, version_key = self.keys(worker)
         pipe = self.redis.pipeline(transaction=True)
         pipe.smembers(container_key)
         pipe.smembers(volume_key)
+        pipe.get(version_key)
         pipe.getdel(self.full_report_key(worker))
-        containers, volumes, wanted = pipe.execute()
+        containers, volumes, version, wanted = pipe.execute()
+        as_of = None
+        if version is not None:  # the snapshot's version is the control plane's clock, in µs
+            as_of = datetime.fromtimestamp(int(version) / 1_000_000, UTC)
         return Feedback(
-            {"container": sorted(containers), "volume": sorted(volumes)}, wanted is not None
+            {"container": sorted(containers), "volume": sorted(volumes)},
+            wanted is not None,
+            as_of,
         )
 
     def full_report_key(self, worker: str) -> str:

@@ -35,7 +35,13 @@ class Heartbeat(_Message):
     ttl_seconds: float | None = Field(default=None, gt=0, le=24 * 3600)
 
 
-class Report(_Message):
+class _Inventory(_Message):
+    # The control plane's time of the newest answer (feedback) the reporter had read when it
+    # built this report: the report dates from after it. Confirms absences (rule 4) from then.
+    after: datetime | None = None
+
+
+class Report(_Inventory):
     type: Literal["report"] = "report"
     containers: list[Handle] = Field(max_length=MAX_HANDLES_PER_KIND)
     volumes: list[Handle] = Field(max_length=MAX_HANDLES_PER_KIND)
@@ -48,7 +54,7 @@ class Report(_Message):
         return handles
 
 
-class UnchangedReport(_Message):
+class UnchangedReport(_Inventory):
     """The compact report: "my handles are those of the full report with this digest".
 
     The control plane applies it only when the digest is that of the worker's last accepted full

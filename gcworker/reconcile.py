@@ -27,6 +27,7 @@ from gcworker.messages import Heartbeat, Report, UnchangedReport
 from gcworker.rules import (
     HeartbeatOutcome,
     ReportOutcome,
+    confirmation_time,
     diff_handles,
     judge_heartbeat,
     judge_report,
@@ -195,7 +196,7 @@ class Reconciler:
                     message.worker,
                     seq=message.seq,
                     worker_clock=message.clock,
-                    confirmed_at=now,
+                    confirmed_at=confirmation_time(now, message.after, worker.last_report_at),
                     digest=None,
                 )
         return self._logged(result)
@@ -233,7 +234,11 @@ class Reconciler:
                 message.worker,
                 seq=message.seq,
                 worker_clock=message.clock,
-                confirmed_at=now if may_mark else None,
+                confirmed_at=(
+                    confirmation_time(now, message.after, worker.last_report_at)
+                    if may_mark
+                    else None
+                ),
                 digest=digest if may_mark and not result.fast_path else None,
                 rows_changed=bool(result.rows_written),
             )

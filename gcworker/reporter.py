@@ -57,6 +57,7 @@ class Reporter:
         self._last_full_digest: str | None = None
         self._compact_since_full = 0
         self._full_report_wanted = False
+        self._heard_at: datetime | None = None  # the newest feedback's control-plane time
 
     def _next_seq(self) -> int:
         self._last_seq = max(time.time_ns(), self._last_seq + 1)
@@ -83,8 +84,11 @@ class Reporter:
                 "listing failed: no report sent", extra={"worker": self.worker, "error": str(error)}
             )
             return False
+        if self._heard_at is None:  # date the first report too (rule 4 confirmations)
+            self._take_feedback()
         digest = report_digest(inventory.containers, inventory.volumes)
         fields = {
+            "after": self._heard_at,
             "worker": self.worker,
             "incarnation": self.incarnation,
             "seq": self._next_seq(),
@@ -98,6 +102,7 @@ class Reporter:
                 Report(**fields, containers=inventory.containers, volumes=inventory.volumes)
             )
             self._last_full_digest, self._compact_since_full = digest, 0
+            self._full_report_wanted = False
         log.info(
             "report sent",
             extra={
@@ -117,11 +122,18 @@ class Reporter:
             and not self._full_report_wanted
         )
 
+    def _take_feedback(self):
+        """Read the control plane's answer; the reports built from now on date from its time."""
+        feedback = self.channel.feedback(self.worker)
+        self._full_report_wanted |= feedback.full_report_wanted
+        if feedback.as_of is not None:
+            self._heard_at = max(self._heard_at or feedback.as_of, feedback.as_of)
+        return feedback
+
     def _act_on_feedback(self) -> int:
         """Remove up to `destroy_per_report` handles the control plane holds as destroying, and
         note whether it asked for a full report. Returns how many handles were removed."""
-        feedback = self.channel.feedback(self.worker)
-        self._full_report_wanted = feedback.full_report_wanted
+        feedback = self._take_feedback()
         removed = 0
         for kind, handles in feedback.destroying.items():
             for handle in handles[: self.destroy_per_report - removed]:

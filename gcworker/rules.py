@@ -223,6 +223,22 @@ def judge_heartbeat(worker: WorkerView | None, incarnation: int, seq: int) -> He
     return HeartbeatDecision(HeartbeatOutcome.EXTENDED)
 
 
+def confirmation_time(
+    received: datetime, after: datetime | None, previous: datetime | None
+) -> datetime:
+    """Rule 4: from when a report that lacks a handle confirms its absence.
+
+    A report that came through a broker may have waited there: what it lacks may have been
+    created on the worker after it was built, so its arrival proves nothing. A reporter says
+    from when its report dates (`after`: the control plane's time of the newest answer it had
+    read when it built the report, hence a moment before the building, on the control plane's
+    clock); a report without it (the CLI, in-process delivery) is taken at its arrival. Never
+    later than the arrival, and never moving an earlier confirmation back.
+    """
+    confirmed = received if after is None else min(received, after)
+    return confirmed if previous is None else max(previous, confirmed)
+
+
 def deletion_cutoff(
     now: datetime, last_report_at: datetime | None, grace: timedelta
 ) -> datetime | None:
