@@ -33,6 +33,7 @@ import shutil
 from celery import bootsteps, signals
 
 from gcworker.settings import Settings, SettingsError, load_settings
+from tasks import kombu_fixes
 from tasks.config import make_app
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ def _settings_or_exit() -> Settings:
 
 settings = _settings_or_exit()
 app = make_app(settings, main=True)
+
+# A Redis restart must not stop a reconciler: see tasks/kombu_fixes.py.
+kombu_fixes.apply()
 
 
 # Process lifecycle ---------------------------------------------------------------------------

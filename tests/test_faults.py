@@ -4,7 +4,8 @@ by its own process id:
 - a reconciler SIGKILLed mid-report: redelivered, applied once. That is
   `tests/test_pipeline_e2e.py::test_reconciler_killed_mid_report_loses_no_report`, not repeated;
 - Redis restarted (losing every key) during a run: reporters, reconcilers and beat carry on, and
-  the gap stalls no one and deletes nothing;
+  the gap stalls no one and deletes nothing (and the kombu bug that could stop a reconciler
+  then is worked around, shown on its own);
 - PostgreSQL stopped for a few seconds, one report mid-transaction: tasks retry with backoff,
   no message is lost, no report is half-applied, and a collection run as soon as the database
   is back stalls no one whose heartbeat is still waiting for its retry;
@@ -22,6 +23,8 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -38,7 +41,7 @@ from gcworker.gc.collection import collect
 from gcworker.messages import Heartbeat, Report
 from gcworker.runtimes.dir import DirRuntime
 from gcworker.settings import load_settings
-from tests.fault_support import PrivatePostgres, PrivateRedis, start_pausing_collector
+from tests.fault_support import ROOT, PrivatePostgres, PrivateRedis, start_pausing_collector
 from tests.pipeline_support import Pipeline, wait_for
 
 
@@ -165,6 +168,54 @@ def test_redis_restarted_during_a_run_stalls_no_one_and_deletes_nothing(database
         )
     finally:
         pipe.close()
+        broker.stop()
+
+
+def test_a_broker_lost_with_a_message_unacknowledged_does_not_stop_a_reconciler(tmp_path):
+    """The kombu bug behind a reconciler's "Unrecoverable error" on a Redis restart (see
+    tasks/kombu_fixes.py), in the state Celery leaves it in: a channel still holding a message
+    unacknowledged, its transport detached by `Connection.collect()`, then closed."""
+    from kombu import Connection, Queue
+    from kombu.common import ignore_errors
+    from kombu.transport import redis as kombu_redis
+
+    from tasks import kombu_fixes
+
+    kombu_fixes.apply()
+    assert kombu_redis.Channel._connparams.gcworker_fix
+    applied_by_the_app = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import tasks.app, kombu.transport.redis as r; "
+            "assert r.Channel._connparams.gcworker_fix",
+        ],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GCWORKER_")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert applied_by_the_app.returncode == 0, applied_by_the_app.stderr
+
+    broker = PrivateRedis(tmp_path)
+    broker.start()
+    connection = Connection(broker.url)
+    try:
+        queue = Queue("q", routing_key="q")
+        with connection.Producer() as producer:
+            producer.publish({"n": 1}, routing_key="q", declare=[queue])
+        held = []
+        channel = connection.default_channel
+        connection.Consumer(
+            [queue], callbacks=[lambda _b, m: held.append(m)], channel=channel
+        ).consume()
+        connection.drain_events(timeout=5)
+        assert len(held) == 1 and channel.qos._delivered, "a message held unacknowledged"
+        broker.stop()
+        connection._do_close_transport()  # what collect() does once closing a channel failed
+        ignore_errors(connection, connection.close)  # raised AttributeError without the fix
+    finally:
         broker.stop()
 
 
