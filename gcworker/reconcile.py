@@ -31,6 +31,7 @@ from gcworker.rules import (
     diff_handles,
     judge_heartbeat,
     judge_report,
+    report_built_at,
     report_digest,
     report_is_unchanged,
     report_may_mark,
@@ -196,7 +197,9 @@ class Reconciler:
                     message.worker,
                     seq=message.seq,
                     worker_clock=message.clock,
-                    confirmed_at=confirmation_time(now, message.after, worker.last_report_at),
+                    confirmed_at=confirmation_time(
+                        report_built_at(now, message.after), worker.last_report_at
+                    ),
                     digest=None,
                 )
         return self._logged(result)
@@ -209,6 +212,10 @@ class Reconciler:
             if result.outcome is not ReportOutcome.ACCEPTED:
                 return self._logged(result)
             may_mark = report_may_mark(worker, message.seq)
+            built_at = report_built_at(now, message.after)
+            # A destruction this report is too old to confirm must be looked at again: the next
+            # report with the same handles may not take the fast path.
+            deferred = False
             if may_mark and report_is_unchanged(worker, digest):
                 result.fast_path = True
             else:
@@ -219,9 +226,11 @@ class Reconciler:
                     result.marked[repo.kind] = repo.mark_missing(conn, name, diff.to_mark, now)
                     result.cleared[repo.kind] = repo.clear_missing(conn, name, diff.to_clear)
                     result.unknown[repo.kind] = repo.record_unknown(conn, name, diff.unknown, now)
-                    result.destroyed[repo.kind] = len(
-                        repo.delete_confirmed_destroyed(conn, name, diff.confirmed_destroyed)
+                    destroyed = repo.delete_confirmed_destroyed(
+                        conn, name, diff.confirmed_destroyed, built_at
                     )
+                    result.destroyed[repo.kind] = len(destroyed)
+                    deferred |= len(destroyed) < len(diff.confirmed_destroyed)
             if not may_mark:
                 result.outcome = ReportOutcome.WORKER_NOT_RUNNING
                 result.reason = (
@@ -235,12 +244,10 @@ class Reconciler:
                 seq=message.seq,
                 worker_clock=message.clock,
                 confirmed_at=(
-                    confirmation_time(now, message.after, worker.last_report_at)
-                    if may_mark
-                    else None
+                    confirmation_time(built_at, worker.last_report_at) if may_mark else None
                 ),
-                digest=digest if may_mark and not result.fast_path else None,
-                rows_changed=bool(result.rows_written),
+                digest=digest if may_mark and not result.fast_path and not deferred else None,
+                rows_changed=bool(result.rows_written) or deferred,
             )
         return self._logged(result)
 

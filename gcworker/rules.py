@@ -223,20 +223,22 @@ def judge_heartbeat(worker: WorkerView | None, incarnation: int, seq: int) -> He
     return HeartbeatDecision(HeartbeatOutcome.EXTENDED)
 
 
-def confirmation_time(
-    received: datetime, after: datetime | None, previous: datetime | None
-) -> datetime:
-    """Rule 4: from when a report that lacks a handle confirms its absence.
+def report_built_at(received: datetime, after: datetime | None) -> datetime:
+    """From when a report's content dates, on the control plane's clock (rules 4 and 9).
 
     A report that came through a broker may have waited there: what it lacks may have been
     created on the worker after it was built, so its arrival proves nothing. A reporter says
     from when its report dates (`after`: the control plane's time of the newest answer it had
-    read when it built the report, hence a moment before the building, on the control plane's
-    clock); a report without it (the CLI, in-process delivery) is taken at its arrival. Never
-    later than the arrival, and never moving an earlier confirmation back.
+    read when it built the report, hence a moment before the building); a report without it (the
+    CLI, in-process delivery) dates from its arrival. Never later than the arrival.
     """
-    confirmed = received if after is None else min(received, after)
-    return confirmed if previous is None else max(previous, confirmed)
+    return received if after is None else min(received, after)
+
+
+def confirmation_time(built_at: datetime, previous: datetime | None) -> datetime:
+    """Rule 4: the newest report lacking a handle confirms its absence from `built_at` on; a
+    report dated earlier never moves an earlier confirmation back."""
+    return built_at if previous is None else max(previous, built_at)
 
 
 def deletion_cutoff(

@@ -128,8 +128,16 @@ class InventoryRepository:
                     .where(*where, t.c.missing_since.is_not(None))
                     .values(missing_since=None)
                 )
-            else:  # "destroyed"
-                statement = delete(t).where(*where, t.c.state == "destroying").returning(t.c.handle)
+            else:  # "destroyed": only rows that were destroying before the report was built
+                statement = (
+                    delete(t)
+                    .where(
+                        *where,
+                        t.c.state == "destroying",
+                        t.c.state_changed_at <= bindparam("p_now", type_=t.c.state_changed_at.type),
+                    )
+                    .returning(t.c.handle)
+                )
             _BY_HANDLES[key] = statement
         return statement
 
@@ -175,13 +183,16 @@ class InventoryRepository:
         return conn.execute(statement).rowcount
 
     def delete_confirmed_destroyed(
-        self, conn: Connection, worker: str, handles: list[str]
+        self, conn: Connection, worker: str, handles: list[str], built_at: datetime
     ) -> list[str]:
-        """Rule 9: a destroying row whose handle the worker no longer reports is done."""
+        """Rule 9: a destroying row whose handle the worker no longer reports is done, if it was
+        destroying already when the report was built (`built_at`): a report that waited in a
+        broker may predate the handle's creation."""
         if not handles:
             return []
         result = conn.execute(
-            self._by_handles("destroyed", len(handles)), self._handles_params(worker, handles)
+            self._by_handles("destroyed", len(handles)),
+            self._handles_params(worker, handles, built_at),
         )
         return sorted(result.scalars())
 
