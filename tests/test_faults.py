@@ -92,7 +92,9 @@ def test_redis_restarted_during_a_run_stalls_no_one_and_deletes_nothing(database
         tmp_path,
         broker_url=broker.url,
         heartbeat_interval="0.3s",
-        heartbeat_ttl="1.5s",
+        # Above a reporter's longest failed send (the publish retry policy, about 2.4s): once the
+        # broker is back, each reporter's next heartbeat lands within a TTL.
+        heartbeat_ttl="3s",
         report_interval="0.5s",
         missing_grace_period="1s",
         gc_interval="0.5s",
@@ -548,8 +550,8 @@ def test_workers_clocks_hours_off_change_no_decision(database_url, db, tmp_path)
             for i in range(3):
                 create_on(plane, name, "container", f"{name}-c{i}")
 
-        send("heartbeat")
         send("report", "c0", "c1")  # c2 is gone: marked, at the control plane's time
+        send("heartbeat")
         assert collect(db, settings).counts == {}, "a fresh heartbeat was judged expired"
         c2 = {c["worker"]: c["missing_since"] for c in plane.containers() if c["missing_since"]}
         assert max(c2.values()) - min(c2.values()) < timedelta(seconds=1), c2
@@ -576,6 +578,7 @@ def test_workers_clocks_hours_off_change_no_decision(database_url, db, tmp_path)
         # period by the control plane's clock, whatever the worker's clock says.
         send("report", "c0", "c1")
         send("report", "c0", "c1")
+        send("heartbeat")
         assert collect(db, settings).counts == {}, "deleted before the grace period"
         marked_at = max(c["missing_since"] for c in plane.containers() if c["missing_since"])
         wait_for(
@@ -584,8 +587,8 @@ def test_workers_clocks_hours_off_change_no_decision(database_url, db, tmp_path)
             what="the grace period to pass",
             interval=0.02,
         )
-        send("heartbeat")
         send("report", "c0", "c1")  # the confirming report: c2 goes, for all three at once
+        send("heartbeat")
         assert collect(db, settings).counts == {"containers deleted": 3}
         assert decided() == ("running", (("c0", ("created", False)), ("c1", ("created", False))))
     finally:
