@@ -219,18 +219,9 @@ class Reconciler:
             if may_mark and report_is_unchanged(worker, digest):
                 result.fast_path = True
             else:
-                rows = handles_by_kind(conn, message.worker, self.inventories)
-                for repo in self.inventories:
-                    diff = diff_handles(rows[repo.kind], reported[repo.kind], may_mark=may_mark)
-                    name = message.worker
-                    result.marked[repo.kind] = repo.mark_missing(conn, name, diff.to_mark, now)
-                    result.cleared[repo.kind] = repo.clear_missing(conn, name, diff.to_clear)
-                    result.unknown[repo.kind] = repo.record_unknown(conn, name, diff.unknown, now)
-                    destroyed = repo.delete_confirmed_destroyed(
-                        conn, name, diff.confirmed_destroyed, built_at
-                    )
-                    result.destroyed[repo.kind] = len(destroyed)
-                    deferred |= len(destroyed) < len(diff.confirmed_destroyed)
+                deferred = self._diff(
+                    conn, message.worker, reported, may_mark, now, built_at, result
+                )
             if not may_mark:
                 result.outcome = ReportOutcome.WORKER_NOT_RUNNING
                 result.reason = (
@@ -250,6 +241,33 @@ class Reconciler:
                 rows_changed=bool(result.rows_written) or deferred,
             )
         return self._logged(result)
+
+    def _diff(
+        self, conn: Connection, name: str, reported, may_mark: bool, now, built_at, result
+    ) -> bool:
+        """Rules 1, 3, 8 and 9 for a report that did not take the fast path; True when a
+        destruction was too recent for this report to confirm (see `report`)."""
+        deferred = False
+        listed = [repo for repo in self.inventories if reported[repo.kind]]
+        rows = handles_by_kind(conn, name, listed) if listed else {}
+        for repo in self.inventories:
+            kind = repo.kind
+            if kind in rows:
+                diff = diff_handles(rows[kind], reported[kind], may_mark=may_mark)
+                result.marked[kind] = repo.mark_missing(conn, name, diff.to_mark, now)
+                result.cleared[kind] = repo.clear_missing(conn, name, diff.to_clear)
+                result.unknown[kind] = repo.record_unknown(conn, name, diff.unknown, now)
+                gone = diff.confirmed_destroyed
+            else:
+                # No handle of this kind listed (a worker that lost everything): every created
+                # row is missing, with no need to read them first; every destroying row is gone.
+                result.marked[kind] = repo.mark_all_missing(conn, name, now) if may_mark else 0
+                result.cleared[kind] = result.unknown[kind] = 0
+                gone = repo.handles_in_state(conn, name, "destroying")
+            destroyed = repo.delete_confirmed_destroyed(conn, name, gone, built_at)
+            result.destroyed[kind] = len(destroyed)
+            deferred |= len(destroyed) < len(gone)
+        return deferred
 
     @staticmethod
     def _logged(result: ReportResult) -> ReportResult:

@@ -175,3 +175,25 @@ def test_a_new_incarnation_never_takes_the_fast_path(plane, steady):
 
     assert not result.fast_path
     assert result.outcome is ReportOutcome.ACCEPTED
+
+
+def test_a_report_listing_no_handle_of_a_kind_needs_no_read_and_applies_rules_1_and_9(
+    plane, make_worker, rows_written
+):
+    # A worker that lost everything: the diff of that kind is set-based, with the same result.
+    w = make_worker()
+    created(plane, "w1", "c1", "c2")
+    plane.scheduler.create_container("w1", "c3")  # creating: never marked
+    plane.scheduler.destroy_container("c2")  # destroying: gone once not reported
+    created(plane, "w1", "v1", kind="volume")
+    before = rows_written()
+
+    result = w.report(containers=[], volumes=["v1"])
+
+    assert not result.fast_path
+    assert result.marked == {"container": 1, "volume": 0}
+    assert result.destroyed == {"container": 1, "volume": 0}
+    assert states(plane) == {"c1": ("created", True), "c3": ("creating", False)}
+    assert states(plane, "volume") == {"v1": ("created", False)}
+    assert rows_written() == before + 2
+    assert w.report(containers=[], volumes=["v1"]).fast_path

@@ -196,6 +196,16 @@ class InventoryRepository:
         )
         return sorted(result.scalars())
 
+    def mark_all_missing(self, conn: Connection, worker: str, now: datetime) -> int:
+        """Rule 1 for a report that lists no handle of this kind: every created row is missing
+        (set-based: nothing to read first)."""
+        t = self.table
+        return conn.execute(
+            update(t)
+            .where(t.c.worker_name == worker, t.c.state == "created", t.c.missing_since.is_(None))
+            .values(missing_since=now)
+        ).rowcount
+
     def delete_all_of_worker(self, conn: Connection, worker: str) -> int:
         """Rule 7, ephemeral worker: the old incarnation's rows are gone at once."""
         t = self.table
@@ -370,13 +380,20 @@ def oldest_deletable(
 ) -> tuple[list[tuple[str, str, list[int]]], bool]:
     """Rule 4's candidates of every kind, the oldest marks first across kinds and workers, at
     most `cap`: (kind, worker, ids) groups, and whether more were waiting. Grouped by the
-    database: the ids come back joined, a row per group, not a row per candidate; ranked (a
-    sort of every candidate) only when there are more than `cap`."""
+    database: the ids come back joined, a row per group, not a row per candidate."""
     repos = list(repos)
-    candidates = union_all(*(repo._deletable(now, grace) for repo in repos)).subquery()
-    groups = _grouped_ids(conn, repos[0].db, candidates)
+    db = repos[0].db
+    groups = []
+    for repo in repos:
+        # One statement per kind, each reading at most cap + 1 rows in the order of the
+        # partial index on missing_since: no statement grows with the number of candidates.
+        t = repo.table
+        oldest_of_kind = repo._deletable(now, grace).order_by(t.c.missing_since, t.c.id)
+        groups += _grouped_ids(conn, db, oldest_of_kind.limit(cap + 1).subquery())
     if sum(len(ids) for _, _, ids in groups) <= cap:
         return groups, False
+    # More than the cap: the oldest across kinds (bounded by the cap as well).
+    candidates = union_all(*(repo._deletable(now, grace) for repo in repos)).subquery()
     c = candidates.c
     oldest = (
         select(c.kind, c.worker_name, c.id)
@@ -384,7 +401,7 @@ def oldest_deletable(
         .limit(cap)
         .subquery()
     )
-    return _grouped_ids(conn, repos[0].db, oldest), True
+    return _grouped_ids(conn, db, oldest), True
 
 
 def _grouped_ids(conn: Connection, db: Database, rows) -> list[tuple[str, str, list[int]]]:
