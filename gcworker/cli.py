@@ -380,22 +380,25 @@ def workers(ctx: click.Context, as_json):
         )
 
 
-@workers.command("land")
-@click.argument("name")
-@click.pass_obj
-def worker_land(obj: Context, name):
-    """Land NAME: it takes no new work and lands once it holds no active containers."""
-    obj.control_plane().fleet.land(name)
-    click.echo(f"worker {name}: landing")
+def _worker_move_command(name: str, state: str, help_text: str):
+    @workers.command(name, help=help_text)
+    @click.argument("worker")
+    @click.pass_obj
+    def command(obj: Context, worker):
+        getattr(obj.control_plane().fleet, name)(worker)
+        click.echo(f"worker {worker}: {state}")
+
+    return command
 
 
-@workers.command("retire")
-@click.argument("name")
-@click.pass_obj
-def worker_retire(obj: Context, name):
-    """Retire NAME: it is deleted, with its rows, once it stops heartbeating."""
-    obj.control_plane().fleet.retire(name)
-    click.echo(f"worker {name}: retiring")
+_worker_move_command(
+    "land",
+    "landing",
+    "Land WORKER: it takes no new work and lands once it holds no active containers.",
+)
+_worker_move_command(
+    "retire", "retiring", "Retire WORKER: it is deleted, with its rows, once it stops heartbeating."
+)
 
 
 @workers.command("prune")

@@ -86,7 +86,11 @@ workers = Table(
 )
 
 
-def _inventory_columns(kind: str) -> list:
+_DIFF_COLUMNS = ["state", "missing_since", "handle"]
+
+
+def _inventory_schema(kind: str) -> list:
+    """The columns, constraints and indexes containers and volumes share."""
     return [
         Column("id", Integer, primary_key=True, autoincrement=True),
         Column("handle", String(128), nullable=False, unique=True),
@@ -106,45 +110,35 @@ def _inventory_columns(kind: str) -> list:
         CheckConstraint(
             "missing_since IS NULL OR state = 'created'", name=f"ck_{kind}_missing_only_created"
         ),
+        # Covers what a report's diff reads: a worker's rows come from the index alone.
+        Index(f"ix_{kind}_worker_name", "worker_name", postgresql_include=_DIFF_COLUMNS),
+        Index(
+            f"ix_{kind}_missing_since",
+            "missing_since",
+            postgresql_where=text("missing_since IS NOT NULL"),
+            sqlite_where=text("missing_since IS NOT NULL"),
+        ),
     ]
 
-
-_DIFF_COLUMNS = ["state", "missing_since", "handle"]
 
 containers = Table(
     "containers",
     metadata,
-    *_inventory_columns("containers"),
-    # Covers what a report's diff reads: a worker's rows come from the index alone.
-    Index("ix_containers_worker_name", "worker_name", postgresql_include=_DIFF_COLUMNS),
-    Index(
-        "ix_containers_missing_since",
-        "missing_since",
-        postgresql_where=text("missing_since IS NOT NULL"),
-        sqlite_where=text("missing_since IS NOT NULL"),
-    ),
+    *_inventory_schema("containers"),
 )
 
 volumes = Table(
     "volumes",
     metadata,
-    *_inventory_columns("volumes"),
+    *_inventory_schema("volumes"),
     Column("parent_id", Integer, ForeignKey("volumes.id", ondelete="CASCADE"), nullable=True),
     Column(
         "container_id", Integer, ForeignKey("containers.id", ondelete="SET NULL"), nullable=True
     ),
     # True for a volume made for a container: once that container's row is gone, it is orphaned.
     Column("container_owned", Boolean, nullable=False, server_default=text("false")),
-    # Covers what a report's diff reads: a worker's rows come from the index alone.
-    Index("ix_volumes_worker_name", "worker_name", postgresql_include=_DIFF_COLUMNS),
     Index("ix_volumes_parent_id", "parent_id"),
     Index("ix_volumes_container_id", "container_id"),
-    Index(
-        "ix_volumes_missing_since",
-        "missing_since",
-        postgresql_where=text("missing_since IS NOT NULL"),
-        sqlite_where=text("missing_since IS NOT NULL"),
-    ),
 )
 
 audit_events = Table(
