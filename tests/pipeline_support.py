@@ -47,6 +47,25 @@ def wait_for(condition, *, timeout: float, what: str, interval: float = 0.05, de
         time.sleep(interval)
 
 
+def wait_until_blocked_by(engine, blocker_pid: int, *, what: str, details=None) -> None:
+    """Wait until some session waits on a lock held by the session `blocker_pid`."""
+    from sqlalchemy import text
+
+    with engine.connect() as probe:
+        wait_for(
+            lambda: probe.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE :blocker = ANY(pg_blocking_pids(pid))"
+                ),
+                {"blocker": blocker_pid},
+            ).scalar_one(),
+            timeout=20,
+            what=what,
+            details=details,
+        )
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -42,7 +42,7 @@ from gcworker.messages import Heartbeat, Report
 from gcworker.runtimes.dir import DirRuntime
 from gcworker.settings import load_settings
 from tests.fault_support import ROOT, PrivatePostgres, PrivateRedis, start_pausing_collector
-from tests.pipeline_support import Pipeline, wait_for
+from tests.pipeline_support import Pipeline, wait_for, wait_until_blocked_by
 
 
 def worker_row(plane: ControlPlane, name: str) -> dict | None:
@@ -304,19 +304,9 @@ def test_postgresql_stopped_mid_report_loses_nothing_and_half_applies_nothing(
                 volumes=["v1", "v2"],
             )
         )
-        with db.engine.connect() as probe:
-            wait_for(
-                lambda: probe.execute(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        "WHERE :blocker = ANY(pg_blocking_pids(pid))"
-                    ),
-                    {"blocker": blocker_pid},
-                ).scalar_one(),
-                timeout=20,
-                what="w1's report to block mid-transaction",
-                details=pipe.logs,
-            )
+        wait_until_blocked_by(
+            db.engine, blocker_pid, what="w1's report to block mid-transaction", details=pipe.logs
+        )
         private_postgres.stop()  # fast shutdown: the report's transaction dies with its session
         blocker.invalidate()
         blocker.close()

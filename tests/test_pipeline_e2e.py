@@ -22,7 +22,7 @@ from gcworker.runtimes.dir import DirRuntime
 from gcworker.settings import load_settings
 from tasks.routing import COLLECT_TASK
 from tests.conftest import PG_ADMIN_URL
-from tests.pipeline_support import Pipeline, wait_for
+from tests.pipeline_support import Pipeline, wait_for, wait_until_blocked_by
 
 pytestmark = [pytest.mark.backends("postgresql"), pytest.mark.timeout(120)]
 
@@ -267,19 +267,12 @@ def test_reconciler_killed_mid_report_loses_no_report(pipeline, plane, db):
                 volumes=["v1", "v2"],
             )
         )
-        with db.engine.connect() as probe:
-            wait_for(
-                lambda: probe.execute(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        "WHERE :blocker = ANY(pg_blocking_pids(pid))"
-                    ),
-                    {"blocker": blocker_pid},
-                ).scalar_one(),
-                timeout=20,
-                what="the report to block mid-transaction",
-                details=pipeline.logs,
-            )
+        wait_until_blocked_by(
+            db.engine,
+            blocker_pid,
+            what="the report to block mid-transaction",
+            details=pipeline.logs,
+        )
         second = pipeline.start_reconciler("r2", broker_visibility_timeout="3s")
         pipeline.kill(first)  # SIGKILL the reconciler and its pool process
         blocker.rollback()
