@@ -4,7 +4,7 @@ than CI runs, on PostgreSQL (a schema of its own, dropped at the end) or SQLite 
 file). Prints progress every minute and the run's figures at the end; exits 1 on a failing
 example, after printing it (hypothesis shrinks it first).
 
-    python scripts/model_soak.py --examples 5000 --steps 50
+    python scripts/model_soak.py --examples 2000 --steps 50
     python scripts/model_soak.py --backend sqlite --examples 2000
 
 PostgreSQL is reached at GCWORKER_TEST_PG_URL (default postgresql+psycopg2://root@127.0.0.1/test),
@@ -33,7 +33,7 @@ from tests.conftest import PG_ADMIN_URL, _pg_schema_url  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--examples", type=int, default=5000)
+    parser.add_argument("--examples", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=50, help="most steps per example")
     parser.add_argument("--backend", choices=["postgresql", "sqlite"], default="postgresql")
     args = parser.parse_args()
