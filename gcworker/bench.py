@@ -179,8 +179,7 @@ class Instruments:
     backend's not-yet-flushed counts into these, hence the difference of two readings.
     """
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, *single_statement_engines: Engine | None):
         self.statements = 0
         self.durations: list[float] = []
         self.longest = (0.0, "")
@@ -188,8 +187,9 @@ class Instruments:
         self.rows_written = 0
         self._started: float | None = None
         self._rows_at_begin: dict[int, int] = {}
-        event.listen(engine, "before_cursor_execute", self._before)
-        event.listen(engine, "after_cursor_execute", self._after)
+        for each in (engine, *filter(None, single_statement_engines)):
+            event.listen(each, "before_cursor_execute", self._before)
+            event.listen(each, "after_cursor_execute", self._after)
         event.listen(engine, "begin", self._begin)
         event.listen(engine, "commit", self._commit)
 
@@ -409,7 +409,8 @@ class Bench:
         self.db = Database.from_url(url)
         self.engine = self.db.engine
         self.admin = create_database_engine(url).execution_options(isolation_level="AUTOCOMMIT")
-        self.instruments = Instruments(self.engine)
+        # The autocommit engine runs the fast path's single statement (no BEGIN, no COMMIT).
+        self.instruments = Instruments(self.engine, self.db.autocommit_engine)
         self.reconciler = Reconciler(self.db, timedelta(days=1))
         self._admin_conn = None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from gcworker.db.audit import AuditEntry, AuditRepository
 from gcworker.db.database import Database
@@ -24,9 +24,12 @@ from gcworker.db.inventory import (
 )
 from gcworker.db.workers import WorkerRepository
 from gcworker.messages import Heartbeat, Report, UnchangedReport
+from gcworker.rows_cache import WorkerRowsCache
 from gcworker.rules import (
     HeartbeatOutcome,
     ReportOutcome,
+    WorkerRows,
+    WorkerView,
     confirmation_time,
     diff_handles,
     judge_heartbeat,
@@ -35,6 +38,7 @@ from gcworker.rules import (
     report_digest,
     report_is_unchanged,
     report_may_mark,
+    rows_after_report,
 )
 
 log = logging.getLogger(__name__)
@@ -79,6 +83,7 @@ class Reconciler:
             VolumeRepository(db),
         )
         self.audit = AuditRepository()
+        self.rows_cache = WorkerRowsCache()
 
     def heartbeat(self, message: Heartbeat) -> HeartbeatResult:
         try:
@@ -175,9 +180,42 @@ class Reconciler:
             result.lag = now - message.clock
         return now, worker, result
 
+    def _confirmed_unchanged(
+        self, message: Report | UnchangedReport, digest: str
+    ) -> ReportResult | None:
+        """The fast path as one statement that is its own transaction (PostgreSQL): no lock
+        taken first, no row read. None when it does not apply (nothing was written then), or
+        when its connection was dead: the caller judges the report in a transaction."""
+        if self.db.autocommit_engine is None:
+            return None
+        try:
+            with self.db.autocommit() as conn:
+                now = self.workers.confirm_unchanged_report(
+                    conn,
+                    message.worker,
+                    incarnation=message.incarnation,
+                    seq=message.seq,
+                    digest=digest,
+                    worker_clock=message.clock,
+                    after=message.after,
+                )
+        except DBAPIError as error:
+            if not error.connection_invalidated:
+                raise
+            return None
+        if now is None:
+            return None
+        result = ReportResult(message.worker, ReportOutcome.ACCEPTED, fast_path=True)
+        if message.clock is not None:
+            result.lag = now - message.clock
+        return result
+
     def unchanged(self, message: UnchangedReport) -> ReportResult:
         """A compact report: confirms the last full report when nothing changed on either side;
         otherwise changes nothing and asks for a full report."""
+        confirmed = self._confirmed_unchanged(message, message.digest)
+        if confirmed is not None:
+            return self._logged(confirmed)
         with self.db.transaction() as conn:
             now, worker, result = self._judge(conn, message)
             if result.outcome is not ReportOutcome.ACCEPTED:
@@ -206,7 +244,11 @@ class Reconciler:
 
     def report(self, message: Report) -> ReportResult:
         digest = report_digest(message.containers, message.volumes)
+        confirmed = self._confirmed_unchanged(message, digest)
+        if confirmed is not None:
+            return self._logged(confirmed)
         reported = {"container": message.containers, "volume": message.volumes}
+        rows_after: dict[str, WorkerRows] | None = None
         with self.db.transaction() as conn:
             now, worker, result = self._judge(conn, message)
             if result.outcome is not ReportOutcome.ACCEPTED:
@@ -219,8 +261,8 @@ class Reconciler:
             if may_mark and report_is_unchanged(worker, digest):
                 result.fast_path = True
             else:
-                deferred = self._diff(
-                    conn, message.worker, reported, may_mark, now, built_at, result
+                deferred, rows_after = self._diff(
+                    conn, worker, reported, may_mark, now, built_at, result
                 )
             if not may_mark:
                 result.outcome = ReportOutcome.WORKER_NOT_RUNNING
@@ -229,6 +271,7 @@ class Reconciler:
                     if worker.state != "running"
                     else "report was sent before the current running period began"
                 )
+            rows_changed = bool(result.rows_written) or deferred
             self.workers.record_report(
                 conn,
                 message.worker,
@@ -238,21 +281,32 @@ class Reconciler:
                     confirmation_time(built_at, worker.last_report_at) if may_mark else None
                 ),
                 digest=digest if may_mark and not result.fast_path and not deferred else None,
-                rows_changed=bool(result.rows_written) or deferred,
+                rows_changed=rows_changed,
             )
+        # Committed: the rows are now `rows_after`, at the generation record_report left.
+        if rows_after is not None:
+            self.rows_cache.put(message.worker, worker.generation + rows_changed, rows_after)
+        elif not result.fast_path:
+            self.rows_cache.forget(message.worker)
         return self._logged(result)
 
     def _diff(
-        self, conn: Connection, name: str, reported, may_mark: bool, now, built_at, result
-    ) -> bool:
-        """Rules 1, 3, 8 and 9 for a report that did not take the fast path; True when a
-        destruction was too recent for this report to confirm (see `report`)."""
+        self, conn: Connection, worker: WorkerView, reported, may_mark: bool, now, built_at, result
+    ) -> tuple[bool, dict[str, WorkerRows] | None]:
+        """Rules 1, 3, 8 and 9 for a report that did not take the fast path. Returns whether a
+        destruction was too recent for this report to confirm (see `report`), and the worker's
+        rows once this transaction commits, where every statement changed what the diff said
+        (None otherwise)."""
+        name = worker.name
         deferred = False
         listed = [repo for repo in self.inventories if reported[repo.kind]]
-        rows = handles_by_kind(conn, name, listed) if listed else {}
+        rows = self.rows_cache.get(name, worker.generation)
+        if rows is None:
+            rows = handles_by_kind(conn, name, listed) if listed else {}
+        after: dict[str, WorkerRows] | None = {}
         for repo in self.inventories:
             kind = repo.kind
-            if kind in rows:
+            if reported[kind]:
                 diff = diff_handles(rows[kind], reported[kind], may_mark=may_mark)
                 result.marked[kind] = repo.mark_missing(conn, name, diff.to_mark, now)
                 result.cleared[kind] = repo.clear_missing(conn, name, diff.to_clear)
@@ -264,10 +318,20 @@ class Reconciler:
                 result.marked[kind] = repo.mark_all_missing(conn, name, now) if may_mark else 0
                 result.cleared[kind] = result.unknown[kind] = 0
                 gone = repo.handles_in_state(conn, name, "destroying")
+                diff = None
             destroyed = repo.delete_confirmed_destroyed(conn, name, gone, built_at)
             result.destroyed[kind] = len(destroyed)
             deferred |= len(destroyed) < len(gone)
-        return deferred
+            as_planned = diff is not None and (
+                result.marked[kind],
+                result.cleared[kind],
+                result.unknown[kind],
+            ) == (len(diff.to_mark), len(diff.to_clear), len(diff.unknown))
+            if after is not None and as_planned:
+                after[kind] = rows_after_report(rows[kind], diff, destroyed)
+            else:
+                after = None
+        return deferred, after
 
     @staticmethod
     def _logged(result: ReportResult) -> ReportResult:

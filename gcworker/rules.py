@@ -141,6 +141,17 @@ def diff_handles(rows: WorkerRows, reported: Iterable[str], *, may_mark: bool) -
     )
 
 
+def rows_after_report(rows: WorkerRows, diff: ReportDiff, destroyed: Iterable[str]) -> WorkerRows:
+    """A worker's rows of one kind once `diff` is applied in full (rules 1, 3, 8; rule 9 for the
+    `destroyed` handles, which may be fewer than `diff.confirmed_destroyed`)."""
+    return WorkerRows(
+        created=rows.created.difference(diff.to_mark).union(diff.to_clear),
+        marked=rows.marked.difference(diff.to_clear).union(diff.to_mark),
+        destroying=rows.destroying.difference(destroyed).union(diff.unknown),
+        other=rows.other,
+    )
+
+
 def diff_report(
     rows: Iterable[StoredRow], reported: Iterable[str], *, may_mark: bool
 ) -> ReportDiff:

@@ -6,6 +6,7 @@ scheduler's or the collector's hand on the worker's rows; the worker's state) fo
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event
 
 from gcworker.rules import ReportOutcome
 from tests.conftest import created, states
@@ -197,3 +198,39 @@ def test_a_report_listing_no_handle_of_a_kind_needs_no_read_and_applies_rules_1_
     assert states(plane, "volume") == {"v1": ("created", False)}
     assert rows_written() == before + 2
     assert w.report(containers=[], volumes=["v1"]).fast_path
+
+
+@pytest.mark.backends("postgresql")
+def test_on_postgresql_the_fast_path_is_one_statement_and_no_transaction_around_it(
+    db, plane, steady
+):
+    statements, begins = [], []
+    for engine in (db.engine, db.autocommit_engine):
+        event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    event.listen(db.engine, "begin", lambda conn: begins.append(conn))  # a transaction's BEGIN
+    report_again(steady)  # prepares the statement on this connection
+
+    statements.clear()
+    result = report_again(steady)
+
+    assert result.fast_path
+    assert len(statements) == 1 and statements[0].startswith("EXECUTE")
+    assert begins == []
+
+
+@pytest.mark.backends("postgresql")
+def test_a_dead_fast_path_connection_falls_back_to_a_transaction(
+    db, plane, steady, pg_admin_engine
+):
+    assert report_again(steady).fast_path
+    with db.autocommit() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    with pg_admin_engine.connect() as admin:
+        admin.exec_driver_sql(f"SELECT pg_terminate_backend({pid}, 5000)")
+    before = worker_row(plane)
+
+    result = report_again(steady)
+
+    assert result.outcome is ReportOutcome.ACCEPTED and result.fast_path
+    assert worker_row(plane)["last_report_seq"] > before["last_report_seq"]
+    assert report_again(steady).fast_path  # and the next one finds a new connection

@@ -143,14 +143,17 @@ STEPS = int(os.environ.get("GCWORKER_MODEL_STEPS", "30"))
 
 class ModelClockDatabase(Database):
     """The real database with a clock that moves only when the model advances it: every reading
-    of the control plane's time (`now`, and `clock` for a time read along with other columns)
-    is the origin plus the advances."""
+    of the control plane's time (`now`, `clock` for a time read along with other columns, and
+    the time a statement computes itself) is the origin plus the advances."""
 
     def now(self, connection):
         return ORIGIN + self.offset
 
     def clock(self, current=None):
         return ORIGIN + self.offset
+
+    def clock_parameters(self):
+        return {"p_clock_offset": timedelta(), "p_clock_pinned": ORIGIN + self.offset}
 
 
 # The truth: worker hosts ------------------------------------------------------------------

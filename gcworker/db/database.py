@@ -8,6 +8,7 @@ the host clock that owns the SQLite file otherwise), never from a worker.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -17,7 +18,9 @@ from pathlib import Path
 from sqlalchemy import (
     BigInteger,
     Connection,
+    DateTime,
     Engine,
+    Interval,
     Text,
     bindparam,
     cast,
@@ -28,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import any_ as sql_any
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import psycopg2 as postgresql_psycopg2
 from sqlalchemy.engine import make_url
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -76,10 +80,20 @@ class Database:
 
     `offset` shifts the database clock; tests use `advance()` to move through grace periods
     without sleeping. Nothing else sets it.
+
+    On PostgreSQL a second engine, `autocommit_engine`, runs single statements that are their
+    own transaction (the unchanged report's one statement): no BEGIN and COMMIT round trips, and
+    no liveness ping at checkout; a caller falls back to `transaction()` when its connection
+    turns out dead (SQLAlchemy drops it from the pool then).
     """
 
     engine: Engine
     offset: timedelta = field(default_factory=timedelta)
+    autocommit_engine: Engine | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.is_postgresql:
+            self.autocommit_engine = create_engine(self.engine.url, isolation_level="AUTOCOMMIT")
 
     @classmethod
     def from_url(cls, url: str) -> Database:
@@ -98,6 +112,31 @@ class Database:
         with self.engine.begin() as connection:
             yield connection
 
+    @contextlib.contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """A connection whose every statement commits on its own (PostgreSQL only)."""
+        if self.autocommit_engine is None:
+            raise RuntimeError("single-statement transactions are a PostgreSQL feature here")
+        with self.autocommit_engine.connect() as connection:
+            yield connection
+
+    def execute_prepared(self, connection: Connection, name: str, statement, params: dict):
+        """Run `statement` as the server-side prepared statement `name` of this connection,
+        prepared on its first use there (PostgreSQL): a statement that runs on every report
+        saves its parsing and planning, most of its cost. Only for statements whose plan does
+        not depend on their values (a generic plan serves them: no `= ANY(array)`)."""
+        text_, names, processors, constants = _prepared_form(statement)
+        prepared = connection.connection.info.setdefault("gcworker_prepared", set())
+        if name not in prepared:
+            connection.exec_driver_sql(f"PREPARE {name} {text_}")
+            prepared.add(name)
+        values = []
+        for key, process in zip(names, processors, strict=True):
+            value = params[key] if key in params else constants[key]
+            values.append(value if process is None else process(value))
+        placeholders = ", ".join(["%s"] * len(values))
+        return connection.exec_driver_sql(f"EXECUTE {name}({placeholders})", tuple(values))
+
     def now(self, connection: Connection) -> datetime:
         """The control plane's clock, read through `connection`."""
         if self.is_postgresql:
@@ -107,6 +146,10 @@ class Database:
     def clock(self, current: datetime) -> datetime:
         """The control plane's time from a `clock_timestamp()` read along with other columns."""
         return current.astimezone(UTC) + self.offset
+
+    def clock_parameters(self) -> dict:
+        """The parameters of `statement_clock()`: the offset (and no pinned time)."""
+        return {"p_clock_offset": self.offset, "p_clock_pinned": None}
 
     def commit_without_waiting(self, connection: Connection) -> None:
         """Let this transaction's commit return before its WAL reaches the disk (PostgreSQL
@@ -169,6 +212,34 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self.autocommit_engine is not None:
+            self.autocommit_engine.dispose()
+
+
+_NUMBERED = postgresql_psycopg2.dialect(paramstyle="numeric_dollar")
+
+
+@functools.cache
+def _prepared_form(statement) -> tuple[str, tuple[str, ...], tuple, dict]:
+    """`statement` as the text of a PREPARE (`(types) AS sql` with $n parameters), the names of
+    its parameters in order, their bind processors, and the values of its constants."""
+    compiled = statement.compile(dialect=_NUMBERED)
+    names = tuple(compiled.positiontup)
+    binds = [compiled.binds[name] for name in names]
+    types = ", ".join(bind.type.compile(dialect=_NUMBERED) for bind in binds)
+    processors = tuple(bind.type._cached_bind_processor(_NUMBERED) for bind in binds)
+    return f"({types}) AS {compiled.string}", names, processors, dict(compiled.params)
+
+
+def statement_clock() -> ColumnElement:
+    """The control plane's time inside one PostgreSQL statement that decides by it: the start
+    of the statement, plus the offset (`Database.clock_parameters` gives the values), or a pinned
+    time where a test's clock replaces the database's."""
+    return func.coalesce(
+        bindparam("p_clock_pinned", type_=DateTime(timezone=True)),
+        func.statement_timestamp() + bindparam("p_clock_offset", type_=Interval()),
+        type_=DateTime(timezone=True),
+    )
 
 
 SQLITE_TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # how SQLAlchemy stores DateTime on SQLite

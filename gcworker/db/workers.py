@@ -7,11 +7,12 @@ accepted report of the same generation can then skip the diff (the steady-state 
 from __future__ import annotations
 
 import functools
-from datetime import datetime, timedelta
+import secrets
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Connection, bindparam, delete, func, select, update
+from sqlalchemy import Connection, bindparam, delete, func, or_, select, update
 
-from gcworker.db.database import Database
+from gcworker.db.database import Database, statement_clock
 from gcworker.db.tables import containers, volumes, workers
 from gcworker.rules import WorkerView
 
@@ -100,7 +101,9 @@ class WorkerRepository:
                 last_worker_clock=worker_clock,
                 created_at=now,
                 state_changed_at=now,
-                generation=0,
+                # Not 0: a worker registered again under an old name must not meet an old
+                # registration's generation (see `gcworker.rows_cache`).
+                generation=secrets.randbits(48),
             )
         )
 
@@ -158,6 +161,39 @@ class WorkerRepository:
                 "p_digest": digest,
             },
         )
+
+    def confirm_unchanged_report(
+        self,
+        conn: Connection,
+        name: str,
+        *,
+        incarnation: int,
+        seq: int,
+        digest: str,
+        worker_clock: datetime | None,
+        after: datetime | None,
+    ) -> datetime | None:
+        """The fast path in one statement (PostgreSQL): a report of the worker's last accepted
+        digest, with nothing changed since, is recorded as `record_report` would record it
+        after `judge_report` (rules 6, 7), `report_may_mark` (rule 2) and `report_is_unchanged`
+        all said yes; rule 4's confirmation moves to `confirmation_time(report_built_at(now,
+        after), last_report_at)`. Returns the control plane's time, or None when any condition
+        fails: nothing was written, and the report needs the whole judgement."""
+        row = self.db.execute_prepared(
+            conn,
+            "gcworker_confirm_unchanged_report",
+            _confirm_unchanged_statement(),
+            {
+                "p_name": name,
+                "p_incarnation": incarnation,
+                "p_seq": seq,
+                "p_digest": digest,
+                "p_clock": worker_clock,
+                "p_after": after,
+                **self.db.clock_parameters(),
+            },
+        ).first()
+        return None if row is None else row.now.astimezone(UTC)
 
     def bump_generation(self, conn: Connection, names) -> None:
         """Record that these workers' rows changed; also takes their row locks first."""
@@ -263,6 +299,35 @@ def _lock_with_clock_statement(commit_without_waiting: bool):
     if commit_without_waiting:
         columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
     return select(*columns).where(workers.c.name == bindparam("p_name")).with_for_update()
+
+
+@functools.cache
+def _confirm_unchanged_statement():
+    w = workers.c
+    seq = bindparam("p_seq", type_=w.last_report_seq.type)
+    now = statement_clock()
+    # LEAST and GREATEST skip NULLs: no `after` dates the report from now; no earlier
+    # confirmation leaves this one.
+    built_at = func.least(now, bindparam("p_after", type_=w.last_report_at.type))
+    return (
+        update(workers)
+        .where(
+            w.name == bindparam("p_name"),
+            w.incarnation == bindparam("p_incarnation"),
+            or_(w.last_report_seq.is_(None), w.last_report_seq < seq),
+            w.state == "running",
+            w.running_since_seq < seq,
+            w.report_digest == bindparam("p_digest"),
+            w.report_generation == w.generation,
+        )
+        .values(
+            last_report_seq=seq,
+            last_worker_clock=bindparam("p_clock", type_=w.last_worker_clock.type),
+            last_report_at=func.greatest(w.last_report_at, built_at),
+        )
+        # Written by a report: its commit need not wait for the disk (see `lock_with_clock`).
+        .returning(now.label("now"), func.set_config("synchronous_commit", "off", True))
+    )
 
 
 @functools.cache
