@@ -50,6 +50,8 @@ def _bench_pipeline(bench, options, progress) -> dict[str, Any]:
     try:
         import redis
 
+        from gcworker.broker import publish as publish_envelope
+        from gcworker.broker import summary
         from gcworker.codec import encode
         from gcworker.db.keys import KeyRepository
         from gcworker.processes import Supervisor, reconciler_argv
@@ -89,14 +91,16 @@ def _bench_pipeline(bench, options, progress) -> dict[str, Any]:
             player = _Player("size-probe")
             containers = [str(uuid.uuid4()) for _ in range(n // 2)]
             volumes = [str(uuid.uuid4()) for _ in range(n - n // 2)]
-            full = encode(player.report(containers, volumes), key)
+            message = player.report(containers, volumes)
+            full = (encode(message, key), summary(message))
             sizes[n] = _stored_bytes(app, client, REPORT_TASK, queue_key, full)
         from gcworker.bench import compact_report_supported
         from gcworker.rules import report_digest
 
         if compact_report_supported():
-            compact = encode(_Player("size-probe").unchanged(report_digest([], [])), key)
-            result["compact_envelope_bytes"] = len(_json(compact))
+            message = _Player("size-probe").unchanged(report_digest([], []))
+            compact = (encode(message, key), summary(message))
+            result["compact_envelope_bytes"] = len(_json(compact[0]))
             result["compact_broker_bytes"] = _stored_bytes(
                 app, client, REPORT_TASK, queue_key, compact
             )
@@ -135,8 +139,8 @@ def _bench_pipeline(bench, options, progress) -> dict[str, Any]:
 
         def publish(task: str, envelopes: list) -> float:
             started = time.perf_counter()
-            for envelope in envelopes:
-                app.send_task(task, args=[envelope], queue=QUEUES.reports)
+            for envelope, line in envelopes:
+                publish_envelope(app, task, QUEUES.reports, envelope, line)
             return started
 
         for n in options.pipeline_sizes:
@@ -161,7 +165,7 @@ def _bench_pipeline(bench, options, progress) -> dict[str, Any]:
                     player = players[i % len(players)]
                     message = player.report(*lists[player.name])
                     last[player.name] = message.seq
-                    out.append(encode(message, keys[player.name]))
+                    out.append((encode(message, keys[player.name]), summary(message)))
                 return out, last
 
             warm, last = envelopes(count=2 * len(players))
@@ -185,7 +189,7 @@ def _bench_pipeline(bench, options, progress) -> dict[str, Any]:
                 "noop_rounds_per_s": [round(r, 1) for r in noop_rates],
                 "report_rounds_per_s": [round(r, 1) for r in report_rates],
                 "broker_bytes_per_report": sizes[n],
-                "envelope_bytes": len(_json(batch[0])),
+                "envelope_bytes": len(_json(batch[0][0])),
             }
     finally:
         supervisor.stop(grace=20)
@@ -217,9 +221,12 @@ def _json(envelope) -> bytes:
 
 
 def _stored_bytes(app, client, task: str, queue_key: str, envelope) -> int:
-    """The bytes one message of `envelope` takes in the Redis list of its queue."""
+    """The bytes one message of `envelope` (envelope, summary), published as a reporter publishes
+    it (`gcworker.broker.publish`), takes in the Redis list of its queue."""
+    from gcworker.broker import publish
+
     probe_queue = "gcbench-probe"
-    app.send_task(task, args=[envelope], queue=probe_queue)
+    publish(app, task, probe_queue, *envelope)
     key = queue_key.rsplit(":", 1)[0] + ":" + probe_queue
     try:
         stored = client.lindex(key, 0)

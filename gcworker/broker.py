@@ -6,9 +6,15 @@ the worker's private key) and publishes it as a Celery task message to its queue
 `heartbeats`, reports to `reports` (see `tasks.routing`). `feedback` reads the newest snapshot
 of the worker's destroying handles that the reconciler left in Redis, and whether it asked for a
 full report (see `gcworker.handoff`).
+
+Every message is published by `publish`, with a one-line `argsrepr` (`summary`) instead of
+Celery's repr of the whole envelope: that is what Flower shows as the task's arguments, and the
+envelope is not carried twice (see `tasks.config` for the rest of what the broker stores).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from gcworker.codec import Message, encode
 from gcworker.delivery import Feedback, load_key
@@ -21,6 +27,20 @@ PUBLISH_RETRY_POLICY = {
     "interval_step": 0.5,
     "interval_max": 2.0,
 }
+
+
+def summary(message: Message) -> str:
+    """One line naming a message (its task's `argsrepr`, shown by Flower)."""
+    text = f"{message.type} {message.worker} seq={message.seq}"
+    containers = getattr(message, "containers", None)
+    if containers is not None:
+        text += f" containers={len(containers)} volumes={len(message.volumes)}"
+    return text
+
+
+def publish(app, task: str, queue: str, envelope: Any, summary: str, **options) -> None:
+    """Publish one envelope as a Celery task message of `task` on `queue`."""
+    app.send_task(task, args=[envelope], queue=queue, argsrepr=summary, kwargsrepr="", **options)
 
 
 class BrokerChannel:
@@ -44,10 +64,12 @@ class BrokerChannel:
         from tasks.routing import task_for
 
         task, queue = task_for(message.type)
-        self.app.send_task(
+        publish(
+            self.app,
             task,
-            args=[encode(message, self.private_key)],
-            queue=queue,
+            queue,
+            encode(message, self.private_key),
+            summary(message),
             retry=True,
             retry_policy=PUBLISH_RETRY_POLICY,
         )

@@ -5,6 +5,18 @@ signature covers the payload's exact bytes, so every field of the message. Decod
 order: the envelope's shape, the payload's size, the JSON, the message schema (version, names,
 handles, caps, no duplicates), then the signature against the worker's registered public key.
 Anything wrong raises `Rejected` with a reason meant for a log line and the dead-letter list.
+
+The payload is a JSON object of the message's fields (those left at None are left out), except
+for the compact unchanged report, the most frequent message, whose payload is its fields in a
+fixed order, `COMPACT_LAYOUT`, as a JSON array:
+
+    [1, "unchanged", "w1", 1732900000000000000, 1732900042000000000,
+     "2024-11-29T17:07:22.045137Z", "2024-11-29T17:07:21.998000Z", "<digest>"]
+
+(clock and after may be null): no field names, so about a hundred bytes fewer once the broker has
+escaped it twice. The array is checked for its length and its type before it becomes the same
+fields, validated by the same schema: a version or anything else wrong is rejected just as in an
+object. Both forms decode, whichever a reporter sends.
 """
 
 from __future__ import annotations
@@ -36,8 +48,17 @@ class Rejected(ValueError):
         self.payload = payload
 
 
+COMPACT_LAYOUT = ("version", "type", "worker", "incarnation", "seq", "clock", "after", "digest")
+_COMPACT_OPTIONAL = frozenset({"clock", "after"})
+
+
 def encode(message: Message, private_key: Ed25519PrivateKey | None) -> dict[str, Any]:
-    payload = message.model_dump_json()
+    if isinstance(message, UnchangedReport):
+        fields = message.model_dump(mode="json")
+        payload = json.dumps([fields[name] for name in COMPACT_LAYOUT], separators=(",", ":"))
+    else:
+        # Fields left at None (no clock, no `after`, no TTL) are left out: they decode to None.
+        payload = message.model_dump_json(exclude_none=True)
     envelope: dict[str, Any] = {"payload": payload}
     if private_key is not None:
         envelope["signature"] = sign(private_key, payload.encode())
@@ -66,6 +87,8 @@ def decode(
         fields = json.loads(payload)
     except ValueError as error:
         raise Rejected(f"malformed JSON: {error}", payload=payload) from None
+    if isinstance(fields, list):
+        fields = _compact_fields(fields, payload)
     worker = fields.get("worker") if isinstance(fields, dict) else None
     worker = worker if isinstance(worker, str) else None
     try:
@@ -76,6 +99,21 @@ def decode(
         raise Rejected(f"invalid message: {where}: {first['msg']}", worker, payload) from None
     _check_signature(message, payload, envelope.get("signature"), public_key_of, allow_unsigned)
     return message
+
+
+def _compact_fields(values: list, payload: str) -> dict[str, Any]:
+    """The fields of a compact unchanged report sent as an array (`COMPACT_LAYOUT`)."""
+    if len(values) != len(COMPACT_LAYOUT) or values[1] != "unchanged":
+        raise Rejected(
+            "malformed compact message: expected an array of "
+            f"{len(COMPACT_LAYOUT)} values ({', '.join(COMPACT_LAYOUT)}) of type unchanged",
+            payload=payload,
+        )
+    return {
+        name: value
+        for name, value in zip(COMPACT_LAYOUT, values, strict=True)
+        if value is not None or name not in _COMPACT_OPTIONAL
+    }
 
 
 def _check_signature(message, payload, signature, public_key_of, allow_unsigned) -> None:

@@ -11,8 +11,9 @@ from gcworker.codec import Rejected, decode
 from gcworker.db.audit import AuditRepository
 from gcworker.db.database import Database
 from gcworker.db.inventory import ContainerRepository, VolumeRepository
-from gcworker.db.keys import DeadLetterRepository, KeyRepository
+from gcworker.db.keys import DeadLetterRepository, KeyRepository, active_key_statement
 from gcworker.db.migrate import require_current
+from gcworker.db.oneshot import execute_one
 from gcworker.db.workers import WorkerRepository
 from gcworker.fleet import Fleet
 from gcworker.gc.collection import CollectionSummary, collect
@@ -60,8 +61,12 @@ class ControlPlane:
         return self.reconciler.report(message)
 
     def public_key_of(self, worker: str) -> str | None:
-        with self.db.transaction() as conn:
-            return KeyRepository().active(conn, worker)
+        """The worker's active key, read from the database for every message, so that a key
+        revoked (or replaced) verifies nothing from the moment the revocation commits: no cache
+        could know of a revocation made elsewhere (another host, SQL) any sooner. One statement,
+        its own transaction (`execute_one`): one round trip."""
+        row = execute_one(self.db, active_key_statement(), {"p_worker": worker})
+        return None if row is None else row.public_key
 
     def dead_letter(self, rejected: Rejected) -> None:
         log.warning(

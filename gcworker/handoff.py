@@ -8,23 +8,40 @@ destroying handles, and the reporter reads the latest snapshot after each report
 Keys (N is `GCWORKER_BROKER_NAMESPACE`, W the worker's name; `{W}` is a Redis Cluster hash tag,
 so one worker's keys share a slot and one script can replace them together):
 
-    N:destroying:{W}:container   SET of container handles the worker should remove
-    N:destroying:{W}:volume      SET of volume handles the worker should remove
-    N:destroying:{W}:version     the snapshot's version (below), as an integer
+    N:destroying:{W}:container    SET of container handles the worker should remove
+    N:destroying:{W}:volume       SET of volume handles the worker should remove
+    N:destroying:{W}:version      the snapshot's version (below), as an integer
+    N:destroying:{W}:generation   the worker's generation (`workers.generation`) it was read at
 
 Writing (`publish_snapshot`, run by the report task after the report's transaction commits):
 
-1. One short transaction locks the worker's row, exactly as a report does, reads the control
-   plane's clock (the database's), and the worker's `destroying` handles, at most
-   `SNAPSHOT_LIMIT` per kind (the reporter removes only a few per report anyway).
-   The clock read under the lock is the snapshot's version: snapshots of one worker are taken
-   one at a time in lock order, so a later snapshot always has a higher version and reflects
-   everything committed before it.
-2. One Lua script replaces the three keys if, and only if, its version is higher than the stored
-   one. Two reconcilers that finish out of order therefore cannot put an older snapshot over a
-   newer one; the replacement is atomic, so a reader never sees half of a snapshot.
-3. Every key expires after `key_ttl` (ten report intervals, at least ten minutes): a worker
-   that stops reporting leaves nothing behind, and its reporter then simply removes nothing.
+1. One statement reads, under a share lock on the worker's row (so after every transaction that
+   was changing the worker has committed), the control plane's clock and the worker's
+   `generation`, which every change to the worker or to its rows bumps.
+2. If the stored snapshot was read at that same generation, nothing it lists can have changed
+   since: one Lua script only moves its version forward to this clock (`refresh`), if the stored
+   version is older and its generation still that one. This is the steady state, and it reads no
+   handle at all.
+3. Otherwise (another generation, no snapshot stored, or it expired) one short transaction locks
+   the worker's row, exactly as a report does, reads the clock, the generation and the worker's
+   `destroying` handles, at most `SNAPSHOT_LIMIT` per kind (the reporter removes only a few per
+   report anyway); one Lua script replaces the four keys if, and only if, its version is higher
+   than the stored one (`publish`).
+
+A snapshot's version is the control plane's clock read under the worker's row lock: snapshots of
+one worker are read one at a time in lock order, so a later one always has a higher version and
+reflects everything committed before it; a refreshed version keeps that property, because the
+generation read with it is the one the handles were read at. Two reconcilers that finish out of
+order therefore cannot put an older snapshot over a newer one, nor a newer version on older
+handles; each replacement is atomic, so a reader never sees half of a snapshot. Every key
+expires after `key_ttl` (ten report intervals, at least ten minutes), counted again at each
+refresh: a worker that stops reporting leaves nothing behind, and its reporter then simply
+removes nothing.
+
+The version must keep moving while nothing changes: the reporter dates its next report from it
+(`Feedback.as_of`, the `after` of a report, rule 4), so a version stuck at the last change would
+hold back every confirmation of an absence. A refresh moves it at every report, as a full
+snapshot did.
 
 Reading (`read`, by `gcworker.broker.BrokerChannel.destroying`): both sets in one MULTI.
 
@@ -47,14 +64,16 @@ report until the reporter's own bound (`full_report_every`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, func, select
 
 from gcworker.db.database import Database
-from gcworker.db.tables import INVENTORY_TABLES
+from gcworker.db.oneshot import execute_one
+from gcworker.db.tables import INVENTORY_TABLES, workers
 from gcworker.db.workers import WorkerRepository
 from gcworker.delivery import Feedback
 
@@ -64,6 +83,8 @@ KINDS = ("container", "volume")
 SNAPSHOT_LIMIT = 1000
 MIN_KEY_TTL = timedelta(minutes=10)
 
+# KEYS: container set, volume set, version, generation.
+# ARGV: version, ttl, number of containers, generation, containers..., volumes...
 _REPLACE_IF_NEWER = """
 local current = redis.call('GET', KEYS[3])
 if current and tonumber(current) >= tonumber(ARGV[1]) then
@@ -79,11 +100,33 @@ local function fill(key, first, last)
   end
   redis.call('EXPIRE', key, ttl)
 end
-fill(KEYS[1], 4, 3 + containers)
-fill(KEYS[2], 4 + containers, #ARGV)
+fill(KEYS[1], 5, 4 + containers)
+fill(KEYS[2], 5 + containers, #ARGV)
 redis.call('SET', KEYS[3], ARGV[1], 'EX', ttl)
+redis.call('SET', KEYS[4], ARGV[4], 'EX', ttl)
 return 1
 """
+
+# KEYS: as above. ARGV: version, ttl, generation.
+# 1: moved forward; 0: a snapshot as new or newer is there already; -1: none stored, or one of
+# another generation (a full snapshot is needed).
+_REFRESH_IF_SAME_GENERATION = """
+local current = redis.call('GET', KEYS[3])
+if current and tonumber(current) >= tonumber(ARGV[1]) then
+  return 0
+end
+if not current or redis.call('GET', KEYS[4]) ~= ARGV[3] then
+  return -1
+end
+local ttl = tonumber(ARGV[2])
+redis.call('SET', KEYS[3], ARGV[1], 'EX', ttl)
+redis.call('EXPIRE', KEYS[4], ttl)
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[2], ttl)
+return 1
+"""
+
+REFRESHED, NEWER_STORED, FULL_NEEDED = 1, 0, -1
 
 
 @dataclass(frozen=True)
@@ -91,12 +134,51 @@ class Snapshot:
     worker: str
     version: int  # the control plane's clock, in microseconds since the epoch
     handles: dict[str, list[str]] = field(default_factory=dict)
+    generation: int | None = None  # the worker's generation they were read at (None: unknown)
+
+
+@dataclass(frozen=True)
+class Head:
+    """The worker's generation and the control plane's clock, read together under a share lock
+    on its row: what a refresh needs."""
+
+    worker: str
+    version: int
+    generation: int
+
+
+def version_of(now: datetime) -> int:
+    return int(now.timestamp() * 1_000_000)
+
+
+def read_head(db: Database, worker: str) -> Head | None:
+    """`Head` of the worker, in one statement (its own transaction); None for an unknown one."""
+    if not db.is_postgresql:  # embedded mode: SQLite, one writer at a time
+        with db.transaction() as conn:
+            view = WorkerRepository(db).lock(conn, worker)
+            now = db.now(conn)
+        return None if view is None else Head(worker, version_of(now), view.generation)
+    row = execute_one(db, _head_statement(), {"p_name": worker})
+    if row is None:
+        return None
+    return Head(worker, version_of(db.clock(row.clock_now)), row.generation)
+
+
+@functools.cache
+def _head_statement():
+    # FOR SHARE: waits for a transaction changing the worker (which bumps the generation) to end,
+    # and then reads its result and a clock after it (READ COMMITTED re-reads a row it waited for).
+    return (
+        select(workers.c.generation, func.clock_timestamp().label("clock_now"))
+        .where(workers.c.name == bindparam("p_name"))
+        .with_for_update(read=True)
+    )
 
 
 def take_snapshot(db: Database, worker: str, limit: int = SNAPSHOT_LIMIT) -> Snapshot:
     """The worker's destroying handles, read under its row lock, versioned by the DB clock."""
     with db.transaction() as conn:
-        WorkerRepository(db).lock(conn, worker)
+        view = WorkerRepository(db).lock(conn, worker)
         now = db.now(conn)
         handles = {}
         for kind in KINDS:
@@ -109,7 +191,8 @@ def take_snapshot(db: Database, worker: str, limit: int = SNAPSHOT_LIMIT) -> Sna
                     .limit(limit)
                 ).scalars()
             )
-    return Snapshot(worker, int(now.timestamp() * 1_000_000), handles)
+    generation = view.generation if view is not None else None
+    return Snapshot(worker, version_of(now), handles, generation)
 
 
 class DestroyingBoard:
@@ -120,6 +203,7 @@ class DestroyingBoard:
         self.namespace = namespace
         self.key_ttl = max(key_ttl, MIN_KEY_TTL)
         self._replace = redis_client.register_script(_REPLACE_IF_NEWER)
+        self._refresh = redis_client.register_script(_REFRESH_IF_SAME_GENERATION)
 
     @classmethod
     def from_settings(cls, settings, redis_client=None) -> DestroyingBoard:
@@ -132,21 +216,37 @@ class DestroyingBoard:
         base = f"{self.namespace}:destroying:{{{worker}}}"
         return f"{base}:container", f"{base}:volume", f"{base}:version"
 
+    def generation_key(self, worker: str) -> str:
+        return f"{self.namespace}:destroying:{{{worker}}}:generation"
+
     def publish(self, snapshot: Snapshot) -> bool:
         """Store the snapshot unless a newer one is there; True if it was stored."""
         containers = snapshot.handles.get("container", [])
         volumes = snapshot.handles.get("volume", [])
+        # A snapshot of unknown generation is stored with none: no refresh ever extends it.
+        generation = "" if snapshot.generation is None else str(snapshot.generation)
         stored = self._replace(
-            keys=list(self.keys(snapshot.worker)),
+            keys=[*self.keys(snapshot.worker), self.generation_key(snapshot.worker)],
             args=[
                 snapshot.version,
                 int(self.key_ttl.total_seconds()),
                 len(containers),
+                generation,
                 *containers,
                 *volumes,
             ],
         )
         return bool(stored)
+
+    def refresh(self, head: Head) -> int:
+        """Move the stored snapshot's version forward to `head.version` if it was read at
+        `head.generation`: `REFRESHED`, `NEWER_STORED` (nothing to do), or `FULL_NEEDED`."""
+        return int(
+            self._refresh(
+                keys=[*self.keys(head.worker), self.generation_key(head.worker)],
+                args=[head.version, int(self.key_ttl.total_seconds()), str(head.generation)],
+            )
+        )
 
     def feedback(self, worker: str) -> Feedback:
         """What the worker should remove (the newest snapshot, empty if none), and whether the
@@ -178,10 +278,14 @@ class DestroyingBoard:
         return int(value) if value is not None else None
 
 
-def publish_snapshot(db: Database, board: DestroyingBoard, worker: str) -> Snapshot | None:
-    """Take and publish the worker's snapshot; a failure is logged, never raised (the report
-    itself is committed, and the next report publishes a fresh snapshot)."""
+def publish_snapshot(db: Database, board: DestroyingBoard, worker: str) -> Snapshot | Head | None:
+    """Refresh the worker's stored snapshot if nothing changed since it was read, else take and
+    publish a new one (module docstring); a failure is logged, never raised (the report itself
+    is committed, and the next report publishes a fresh snapshot)."""
     try:
+        head = read_head(db, worker)
+        if head is not None and board.refresh(head) != FULL_NEEDED:
+            return head
         snapshot = take_snapshot(db, worker)
         stored = board.publish(snapshot)
     except Exception as error:  # noqa: BLE001 - the hand-off must never fail a committed report

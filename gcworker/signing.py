@@ -4,6 +4,7 @@ read); the control plane holds only public keys, so a leaked database forges not
 from __future__ import annotations
 
 import base64
+import functools
 import os
 from pathlib import Path
 
@@ -56,8 +57,15 @@ def sign(private_key: Ed25519PrivateKey, payload: bytes) -> str:
 
 def verify(public_key: str, payload: bytes, signature: str) -> bool:
     try:
-        key = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key, validate=True))
+        key = _public_key(public_key)
         key.verify(base64.b64decode(signature, validate=True), payload)
     except (InvalidSignature, ValueError):
         return False
     return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _public_key(text: str) -> Ed25519PublicKey:
+    """A registered key's text, parsed. Only the parsing is cached: which key is a worker's
+    active one is asked of the database for every message (`ControlPlane.public_key_of`)."""
+    return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
@@ -10,9 +11,9 @@ from hypothesis import strategies as st
 
 from gcworker.codec import Rejected, decode, encode
 from gcworker.control_plane import ControlPlane
-from gcworker.messages import Heartbeat, Report
+from gcworker.messages import Heartbeat, Report, UnchangedReport
 from gcworker.settings import load_settings
-from gcworker.signing import generate_private_key, public_key_text
+from gcworker.signing import generate_private_key, public_key_text, sign
 from tests.conftest import created, states
 
 W1_KEY = generate_private_key()
@@ -26,9 +27,41 @@ def report(worker="w1", seq=10, containers=("c1",), volumes=()):
     )
 
 
+DIGEST = "0123456789abcdef0123456789abcdef"
+
+
 def test_a_signed_message_decodes_to_itself():
     message = report()
     assert decode(encode(message, W1_KEY), KEYS.get) == message
+
+
+@pytest.mark.parametrize("after", [None, datetime(2024, 11, 29, 17, 7, 21, 998000, tzinfo=UTC)])
+def test_a_compact_report_travels_as_an_array_and_decodes_to_itself(after):
+    message = UnchangedReport(
+        worker="w1", incarnation=3, seq=4, clock=datetime.now(UTC), after=after, digest=DIGEST
+    )
+    envelope = encode(message, W1_KEY)
+    assert json.loads(envelope["payload"])[:5] == [1, "unchanged", "w1", 3, 4]
+    assert decode(envelope, KEYS.get) == message
+
+
+def test_a_compact_report_as_an_object_still_decodes():
+    message = UnchangedReport(worker="w1", incarnation=3, seq=4, digest=DIGEST)
+    payload = message.model_dump_json()
+    envelope = {"payload": payload, "signature": sign(W1_KEY, payload.encode())}
+    assert decode(envelope, KEYS.get) == message
+
+
+def test_the_signature_covers_every_value_of_a_compact_report():
+    message = UnchangedReport(worker="w1", incarnation=3, seq=4, digest=DIGEST)
+    envelope = encode(message, W1_KEY)
+    values = json.loads(envelope["payload"])
+    for position, changed in ((3, 4), (4, 5), (7, "f" * 32), (2, "w2")):
+        tampered = list(values)
+        tampered[position] = changed
+        forged = {**envelope, "payload": json.dumps(tampered, separators=(",", ":"))}
+        with pytest.raises(Rejected, match="wrong signature"):
+            decode(forged, KEYS.get)
 
 
 @pytest.mark.parametrize(
@@ -95,6 +128,19 @@ def test_a_signed_message_decodes_to_itself():
             },
             "invalid message",
         ),
+        # The compact unchanged report's array form (`COMPACT_LAYOUT`).
+        ({"payload": "[]"}, "malformed compact message"),
+        ({"payload": json.dumps([1, "unchanged", "w1", 1, 1, None, None])}, "malformed compact"),
+        (
+            {"payload": json.dumps([1, "report", "w1", 1, 1, None, None, DIGEST])},
+            "malformed compact",
+        ),
+        ({"payload": json.dumps([2, "unchanged", "w1", 1, 1, None, None, DIGEST])}, "version"),
+        ({"payload": json.dumps([None, "unchanged", "w1", 1, 1, None, None, DIGEST])}, "version"),
+        ({"payload": json.dumps([1, "unchanged", None, 1, 1, None, None, DIGEST])}, "worker"),
+        ({"payload": json.dumps([1, "unchanged", "w1", -1, 1, None, None, DIGEST])}, "incarnation"),
+        ({"payload": json.dumps([1, "unchanged", "w1", 1, 1, "noon", None, DIGEST])}, "clock"),
+        ({"payload": json.dumps([1, "unchanged", "w1", 1, 1, None, None, "beef"])}, "digest"),
     ],
 )
 def test_malformed_input_is_rejected_with_a_reason(envelope, reason):
@@ -151,6 +197,17 @@ json_values = st.recursive(
             max_size=2,
         ),
         st.builds(
+            lambda values: {"payload": json.dumps(values)},
+            st.lists(
+                st.one_of(
+                    json_values,
+                    st.sampled_from([1, "unchanged", "w1", DIGEST, "2024-11-29T17:07:21Z"]),
+                ),
+                min_size=6,
+                max_size=9,
+            ),
+        ),
+        st.builds(
             lambda fields: {"payload": json.dumps(fields)},
             st.fixed_dictionaries(
                 {},
@@ -174,7 +231,7 @@ def test_fuzzed_input_is_either_a_valid_message_or_rejected(envelope):
     except Rejected as rejected:
         assert rejected.reason
     else:
-        assert isinstance(message, Heartbeat | Report)
+        assert isinstance(message, Heartbeat | Report | UnchangedReport)
 
 
 @pytest.fixture
@@ -222,3 +279,33 @@ def test_dead_letters_are_bounded(database_url, db):
     for i in range(5):
         plane.receive({"payload": f"garbage {i}"})
     assert [d["excerpt"] for d in plane.dead_letters()] == [f"garbage {i}" for i in (4, 3, 2)]
+
+
+def test_a_key_revoked_elsewhere_verifies_nothing_from_the_next_message_on(database_url, db):
+    """The reconciler asks the database for the active key of every message: a revocation made
+    by another process (here another control plane on the same database) applies at once, even
+    to a reconciler that has just verified messages with that key."""
+    reconciler = ControlPlane(load_settings(database_url=database_url), db)
+    operator = ControlPlane(load_settings(database_url=database_url))
+    try:
+        operator.register_key("w1", KEYS["w1"])
+        first = reconciler.receive(encode(Heartbeat(worker="w1", incarnation=1, seq=1), W1_KEY))
+        assert first.outcome == "registered"
+        operator.revoke_key("w1")
+        after = reconciler.receive(encode(Heartbeat(worker="w1", incarnation=1, seq=2), W1_KEY))
+        assert isinstance(after, Rejected)
+        assert "no active key" in after.reason
+    finally:
+        operator.close()
+
+
+def test_a_replaced_key_verifies_nothing_from_the_next_message_on(database_url, db):
+    reconciler = ControlPlane(load_settings(database_url=database_url), db)
+    reconciler.register_key("w1", KEYS["w1"])
+    assert reconciler.receive(encode(Heartbeat(worker="w1", incarnation=1, seq=1), W1_KEY))
+    reconciler.register_key("w1", KEYS["w2"], replace=True)  # w2's key is now w1's
+    old = reconciler.receive(encode(Heartbeat(worker="w1", incarnation=1, seq=2), W1_KEY))
+    assert isinstance(old, Rejected)
+    assert old.reason == "wrong signature for worker 'w1'"
+    new = reconciler.receive(encode(Heartbeat(worker="w1", incarnation=1, seq=3), W2_KEY))
+    assert not isinstance(new, Rejected)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, bindparam, delete, select, update
 
 from gcworker.db.tables import dead_letters, worker_keys
 from gcworker.errors import Conflict, NotFound
@@ -29,11 +30,7 @@ class KeyRepository:
         )
 
     def active(self, conn: Connection, worker: str) -> str | None:
-        return conn.execute(
-            select(worker_keys.c.public_key).where(
-                worker_keys.c.worker_name == worker, worker_keys.c.revoked_at.is_(None)
-            )
-        ).scalar_one_or_none()
+        return conn.execute(active_key_statement(), {"p_worker": worker}).scalar_one_or_none()
 
     def revoke(self, conn: Connection, worker: str, now: datetime) -> None:
         revoked = conn.execute(
@@ -47,6 +44,15 @@ class KeyRepository:
     def list(self, conn: Connection) -> list[dict]:
         query = select(worker_keys).order_by(worker_keys.c.worker_name)
         return [dict(r._mapping) for r in conn.execute(query)]
+
+
+@functools.cache
+def active_key_statement():
+    """The worker's active public key (`p_worker`): one row or none. Built once: every message
+    runs it."""
+    return select(worker_keys.c.public_key).where(
+        worker_keys.c.worker_name == bindparam("p_worker"), worker_keys.c.revoked_at.is_(None)
+    )
 
 
 class DeadLetterRepository:

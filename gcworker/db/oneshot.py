@@ -1,0 +1,26 @@
+"""One read statement as its own transaction: the cheapest way to ask the database one thing.
+
+On PostgreSQL it runs on the database's autocommit engine when it has one (no BEGIN, no COMMIT,
+no liveness ping: one round trip), falling back to an ordinary transaction when that connection
+turns out dead (SQLAlchemy drops it from the pool then) or there is no such engine (SQLite).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError
+
+
+def execute_one(db, statement, params: dict[str, Any]):
+    """The first row of `statement` (or None), read in a transaction of its own."""
+    engine = getattr(db, "autocommit_engine", None)
+    if engine is not None:
+        try:
+            with engine.connect() as conn:
+                return conn.execute(statement, params).first()
+        except DBAPIError as error:
+            if not error.connection_invalidated:
+                raise
+    with db.transaction() as conn:
+        return conn.execute(statement, params).first()

@@ -1,0 +1,150 @@
+"""The destroying hand-off (`gcworker.handoff`): a report that changed nothing only moves the
+stored snapshot's version forward (no handle read), a change is always published in full, and an
+older snapshot or version never replaces a newer one."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from sqlalchemy import event
+
+from gcworker.handoff import (
+    FULL_NEEDED,
+    NEWER_STORED,
+    REFRESHED,
+    DestroyingBoard,
+    Head,
+    Snapshot,
+    publish_snapshot,
+    read_head,
+)
+from tests.conftest import created
+from tests.pipeline_support import REDIS_URL
+
+
+@pytest.fixture
+def board():
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    namespace = f"test-{uuid.uuid4().hex[:8]}"
+    yield DestroyingBoard(client, namespace)
+    for key in client.scan_iter(f"{namespace}:*"):
+        client.delete(key)
+    client.close()
+
+
+@pytest.fixture
+def inventory_reads(db):
+    """The statements run on the database that read containers or volumes."""
+    seen: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        lowered = statement.lower()
+        if "from containers" in lowered or "from volumes" in lowered:
+            seen.append(statement)
+
+    engines = [db.engine, getattr(db, "autocommit_engine", None)]
+    engines = [engine for engine in engines if engine is not None]
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", record)
+    yield seen
+    for engine in engines:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def destroying(plane, worker, handle):
+    created(plane, worker, handle)
+    plane.scheduler.destroy_container(handle)
+
+
+def test_a_report_that_changed_nothing_moves_the_version_without_reading_handles(
+    plane, db, make_worker, board, advance, inventory_reads
+):
+    worker = make_worker("w1")
+    destroying(plane, "w1", "c-gone")
+    worker.report(["c-gone"])
+    first = publish_snapshot(db, board, "w1")
+    assert isinstance(first, Snapshot)  # nothing stored yet: read in full
+    assert board.feedback("w1").destroying == {"container": ["c-gone"], "volume": []}
+
+    advance(seconds=5)
+    assert worker.report(["c-gone"]).fast_path
+    inventory_reads.clear()
+    refreshed = publish_snapshot(db, board, "w1")
+
+    assert isinstance(refreshed, Head)
+    assert inventory_reads == []
+    feedback = board.feedback("w1")
+    assert feedback.destroying == {"container": ["c-gone"], "volume": []}
+    assert refreshed.version == board.version("w1") > first.version
+
+
+def test_the_version_keeps_advancing_with_the_control_planes_clock(
+    plane, db, make_worker, board, advance
+):
+    worker = make_worker("w1")
+    worker.report([])
+    publish_snapshot(db, board, "w1")
+    seen = [board.feedback("w1").as_of]
+    for _ in range(3):
+        advance(minutes=1)
+        worker.report([])
+        publish_snapshot(db, board, "w1")
+        seen.append(board.feedback("w1").as_of)
+    assert seen == sorted(seen)
+    assert len(set(seen)) == len(seen)
+    assert (seen[-1] - seen[0]).total_seconds() >= 180
+
+
+def test_a_change_since_the_stored_snapshot_is_published_in_full(
+    plane, db, make_worker, board, advance
+):
+    worker = make_worker("w1")
+    created(plane, "w1", "c1")
+    worker.report(["c1"])
+    publish_snapshot(db, board, "w1")
+    assert board.feedback("w1").destroying["container"] == []
+
+    plane.scheduler.destroy_container("c1")  # between reports: bumps the worker's generation
+    advance(seconds=5)
+    publish_snapshot(db, board, "w1")
+    assert board.feedback("w1").destroying["container"] == ["c1"]
+
+
+def test_an_older_snapshot_never_replaces_a_newer_one(plane, db, make_worker, board):
+    make_worker("w1")
+    head = read_head(db, "w1")
+    newer = Snapshot("w1", head.version + 10, {"container": ["new"], "volume": []}, 7)
+    older = Snapshot("w1", head.version + 5, {"container": ["old"], "volume": []}, 6)
+    assert board.publish(newer) is True
+    assert board.publish(older) is False
+    assert board.feedback("w1").destroying["container"] == ["new"]
+    assert board.version("w1") == newer.version
+
+
+def test_a_refresh_never_moves_a_newer_version_back_nor_extends_another_generation(
+    plane, db, make_worker, board
+):
+    make_worker("w1")
+    assert board.refresh(Head("w1", 100, 3)) == FULL_NEEDED  # nothing stored
+    board.publish(Snapshot("w1", 200, {"container": ["a"], "volume": []}, 3))
+
+    assert board.refresh(Head("w1", 150, 3)) == NEWER_STORED
+    assert board.version("w1") == 200
+    assert board.refresh(Head("w1", 300, 4)) == FULL_NEEDED  # read at another generation
+    assert board.version("w1") == 200
+    assert board.refresh(Head("w1", 300, 3)) == REFRESHED
+    assert board.version("w1") == 300
+    assert board.feedback("w1").destroying["container"] == ["a"]
+
+
+def test_a_snapshot_of_an_unknown_generation_is_never_refreshed(db, board):
+    board.publish(Snapshot("w9", 200, {"container": ["a"], "volume": []}, None))
+    assert board.refresh(Head("w9", 300, 0)) == FULL_NEEDED
+    assert board.version("w9") == 200
+
+
+def test_an_unknown_worker_gets_an_empty_snapshot(db, board):
+    publish_snapshot(db, board, "nobody")
+    assert board.feedback("nobody").destroying == {"container": [], "volume": []}
