@@ -5,6 +5,7 @@ collector and the listings to it."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 from gcworker.codec import Rejected, decode
@@ -37,13 +38,16 @@ class ControlPlane:
         self.scheduler = Scheduler(self.db)
         self.fleet = Fleet(self.db)
 
-    def receive(self, envelope) -> HeartbeatResult | ReportResult | Rejected:
+    def receive(
+        self, envelope, public_key_of: Callable[[str], str | None] | None = None
+    ) -> HeartbeatResult | ReportResult | Rejected:
         """Decode, check and apply one message as it arrived; a rejected one changes nothing
-        but the dead-letter list."""
+        but the dead-letter list. `public_key_of` replaces `self.public_key_of` (it must read
+        the active key as exactly: `gcworker.handoff.KeyAndHead`)."""
         try:
             message = decode(
                 envelope,
-                self.public_key_of,
+                public_key_of or self.public_key_of,
                 allow_unsigned=self.settings.allow_unsigned,
                 max_bytes=self.settings.max_message_bytes,
             )

@@ -15,9 +15,10 @@ so one worker's keys share a slot and one script can replace them together):
 
 Writing (`publish_snapshot`, run by the report task after the report's transaction commits):
 
-1. One statement reads, under a share lock on the worker's row (so after every transaction that
-   was changing the worker has committed), the control plane's clock and the worker's
-   `generation`, which every change to the worker or to its rows bumps.
+1. One read-only statement (no lock, no transaction of its own to commit) reads the worker's
+   `generation`, which every change to the worker or to its rows bumps, and the control plane's
+   clock at the statement's start: the statement reads in a snapshot taken after that instant,
+   so the generation it sees includes every transaction committed before it.
 2. If the stored snapshot was read at that same generation, nothing it lists can have changed
    since: one Lua script only moves its version forward to this clock (`refresh`), if the stored
    version is older and its generation still that one. This is the steady state, and it reads no
@@ -28,12 +29,15 @@ Writing (`publish_snapshot`, run by the report task after the report's transacti
    report anyway); one Lua script replaces the four keys if, and only if, its version is higher
    than the stored one (`publish`).
 
-A snapshot's version is the control plane's clock read under the worker's row lock: snapshots of
-one worker are read one at a time in lock order, so a later one always has a higher version and
-reflects everything committed before it; a refreshed version keeps that property, because the
-generation read with it is the one the handles were read at. Two reconcilers that finish out of
-order therefore cannot put an older snapshot over a newer one, nor a newer version on older
-handles; each replacement is atomic, so a reader never sees half of a snapshot. Every key
+A snapshot's version is a control plane time such that the snapshot reflects everything committed
+before it: for a full snapshot, the clock read under the worker's row lock (snapshots read one
+at a time in lock order, so a later one has a higher version); for a refresh, the start of the
+statement that read the generation, which is the generation the stored handles were read at, so
+nothing they list changed between their reading and that instant. The scripts only ever store a
+higher version, and a refresh only over handles of the same generation: two reconcilers that
+finish out of order cannot put an older snapshot over a newer one, nor a newer version on
+handles that changed since; each replacement is atomic, so a reader never sees half of a
+snapshot. Every key
 expires after `key_ttl` (ten report intervals, at least ten minutes), counted again at each
 refresh: a worker that stops reporting leaves nothing behind, and its reporter then simply
 removes nothing.
@@ -72,6 +76,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import bindparam, func, select
 
 from gcworker.db.database import Database
+from gcworker.db.keys import active_key_select, active_key_statement
 from gcworker.db.oneshot import execute_one
 from gcworker.db.tables import INVENTORY_TABLES, workers
 from gcworker.db.workers import WorkerRepository
@@ -139,8 +144,9 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Head:
-    """The worker's generation and the control plane's clock, read together under a share lock
-    on its row: what a refresh needs."""
+    """The worker's generation, and the control plane's clock at the start of the statement that
+    read it (so every transaction committed before that instant is included): what a refresh
+    needs."""
 
     worker: str
     version: int
@@ -166,12 +172,45 @@ def read_head(db: Database, worker: str) -> Head | None:
 
 @functools.cache
 def _head_statement():
-    # FOR SHARE: waits for a transaction changing the worker (which bumps the generation) to end,
-    # and then reads its result and a clock after it (READ COMMITTED re-reads a row it waited for).
-    return (
-        select(workers.c.generation, func.clock_timestamp().label("clock_now"))
-        .where(workers.c.name == bindparam("p_name"))
-        .with_for_update(read=True)
+    # statement_timestamp(): set before the statement takes its snapshot. No lock: a lock would
+    # give the statement a transaction id and a commit that waits for the disk.
+    return select(workers.c.generation, func.statement_timestamp().label("clock_now")).where(
+        workers.c.name == bindparam("p_name")
+    )
+
+
+class KeyAndHead:
+    """The decoder's `public_key_of` for a report task: the worker's active key and its `Head`,
+    in one statement (PostgreSQL; elsewhere the key alone).
+
+    The head is read before the report is applied, so it says nothing of what the report itself
+    changes; it serves only after a report that changed nothing (the fast path), to refresh the
+    stored snapshot with no statement of its own. It is exact on its own terms whatever happened
+    since: the refresh applies only over handles read at that generation, and its version, the
+    statement's start, is earlier than the report (its `as_of` still moves at every report)."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.head: Head | None = None
+
+    def __call__(self, worker: str) -> str | None:
+        if not self.db.is_postgresql:
+            with self.db.transaction() as conn:
+                return conn.execute(active_key_statement(), {"p_worker": worker}).scalar()
+        row = execute_one(self.db, _key_and_head_statement(), {"p_name": worker})
+        if row.generation is not None:
+            self.head = Head(worker, version_of(self.db.clock(row.clock_now)), row.generation)
+        return row.public_key
+
+
+@functools.cache
+def _key_and_head_statement():
+    key = active_key_select(bindparam("p_name"))
+    generation = select(workers.c.generation).where(workers.c.name == bindparam("p_name"))
+    return select(
+        key.scalar_subquery().label("public_key"),
+        generation.scalar_subquery().label("generation"),
+        func.statement_timestamp().label("clock_now"),
     )
 
 
@@ -278,12 +317,15 @@ class DestroyingBoard:
         return int(value) if value is not None else None
 
 
-def publish_snapshot(db: Database, board: DestroyingBoard, worker: str) -> Snapshot | Head | None:
+def publish_snapshot(
+    db: Database, board: DestroyingBoard, worker: str, head: Head | None = None
+) -> Snapshot | Head | None:
     """Refresh the worker's stored snapshot if nothing changed since it was read, else take and
     publish a new one (module docstring); a failure is logged, never raised (the report itself
-    is committed, and the next report publishes a fresh snapshot)."""
+    is committed, and the next report publishes a fresh snapshot). `head`, when given, was read
+    along with the report's key (`KeyAndHead`), for a report that changed nothing."""
     try:
-        head = read_head(db, worker)
+        head = head or read_head(db, worker)
         if head is not None and board.refresh(head) != FULL_NEEDED:
             return head
         snapshot = take_snapshot(db, worker)

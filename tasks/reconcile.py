@@ -110,14 +110,18 @@ def record_heartbeat(envelope=None, *_args, **_kwargs):
 
 @app.task(name=REPORT_TASK, **RETRY)
 def reconcile_report(envelope=None, *_args, **_kwargs):
-    plane = control_plane()
-    result = pipeline.receive(plane, envelope, task="report")
-    if isinstance(result, ReportResult):
-        from gcworker.handoff import publish_snapshot
+    from gcworker.handoff import KeyAndHead, publish_snapshot
 
+    plane = control_plane()
+    # The key and the worker's head in one statement: after a report that changed nothing, the
+    # hand-off refreshes the stored snapshot from that head, with no statement of its own.
+    lookup = KeyAndHead(plane.db)
+    result = pipeline.receive(plane, envelope, task="report", public_key_of=lookup)
+    if isinstance(result, ReportResult):
         if result.outcome is ReportOutcome.FULL_REPORT_NEEDED:
             board().want_full_report(result.worker)
-        publish_snapshot(plane.db, board(), result.worker)
+        head = lookup.head if result.fast_path else None
+        publish_snapshot(plane.db, board(), result.worker, head)
 
 
 # A collection needs no redelivery: beat sends the next trigger one interval later.

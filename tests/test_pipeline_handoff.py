@@ -16,6 +16,7 @@ from gcworker.handoff import (
     REFRESHED,
     DestroyingBoard,
     Head,
+    KeyAndHead,
     Snapshot,
     publish_snapshot,
     read_head,
@@ -148,3 +149,69 @@ def test_a_snapshot_of_an_unknown_generation_is_never_refreshed(db, board):
 def test_an_unknown_worker_gets_an_empty_snapshot(db, board):
     publish_snapshot(db, board, "nobody")
     assert board.feedback("nobody").destroying == {"container": [], "volume": []}
+
+
+@pytest.fixture
+def statements(db):
+    """Every statement run on the database."""
+    seen: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        seen.append(statement)
+
+    engines = [db.engine, getattr(db, "autocommit_engine", None)]
+    engines = [engine for engine in engines if engine is not None]
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", record)
+    yield seen
+    for engine in engines:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def test_the_key_lookup_reads_the_active_key_and_the_workers_head(plane, db, make_worker):
+    make_worker("w1")
+    plane.register_key("w1", "a2V5")
+    lookup = KeyAndHead(db)
+    assert lookup("w1") == "a2V5"
+    if db.is_postgresql:
+        assert lookup.head.generation == read_head(db, "w1").generation
+        assert lookup.head.version <= read_head(db, "w1").version
+    plane.revoke_key("w1")
+    assert KeyAndHead(db)("w1") is None
+    unknown = KeyAndHead(db)
+    assert unknown("nobody") is None
+    assert unknown.head is None
+
+
+def test_a_head_read_with_the_key_refreshes_with_no_statement(
+    plane, db, make_worker, board, advance, statements
+):
+    worker = make_worker("w1")
+    destroying(plane, "w1", "c-gone")
+    worker.report(["c-gone"])
+    publish_snapshot(db, board, "w1")
+    before = board.version("w1")
+    advance(seconds=5)
+    head = Head("w1", before + 5_000_000, read_head(db, "w1").generation)
+
+    statements.clear()
+    assert publish_snapshot(db, board, "w1", head) == head
+    assert statements == []
+    assert board.version("w1") == head.version
+    assert board.feedback("w1").destroying["container"] == ["c-gone"]
+
+
+def test_a_head_of_another_generation_gets_a_full_snapshot(plane, db, make_worker, board, advance):
+    worker = make_worker("w1")
+    created(plane, "w1", "c1")
+    worker.report(["c1"])
+    publish_snapshot(db, board, "w1")
+    stored = read_head(db, "w1")
+    plane.scheduler.destroy_container("c1")
+    advance(seconds=5)
+    head = read_head(db, "w1")  # as a report's key lookup would read it now
+    assert head.generation != stored.generation
+
+    published = publish_snapshot(db, board, "w1", head)
+    assert isinstance(published, Snapshot)
+    assert board.feedback("w1").destroying["container"] == ["c1"]

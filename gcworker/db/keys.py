@@ -46,13 +46,18 @@ class KeyRepository:
         return [dict(r._mapping) for r in conn.execute(query)]
 
 
+def active_key_select(worker):
+    """The active public key of `worker` (a bind parameter): one row or none. A revoked key is
+    never active; a replaced one is gone."""
+    return select(worker_keys.c.public_key).where(
+        worker_keys.c.worker_name == worker, worker_keys.c.revoked_at.is_(None)
+    )
+
+
 @functools.cache
 def active_key_statement():
-    """The worker's active public key (`p_worker`): one row or none. Built once: every message
-    runs it."""
-    return select(worker_keys.c.public_key).where(
-        worker_keys.c.worker_name == bindparam("p_worker"), worker_keys.c.revoked_at.is_(None)
-    )
+    """`active_key_select` of `p_worker`, built once: every message runs it."""
+    return active_key_select(bindparam("p_worker"))
 
 
 class DeadLetterRepository:
