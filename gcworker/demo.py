@@ -46,6 +46,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from gcworker.db.audit import expand
 from gcworker.db.tables import audit_events, containers, volumes, workers
 from gcworker.delivery import InProcessChannel
 from gcworker.errors import GcworkerError
@@ -842,14 +843,13 @@ class Demo:
 
     def _read_audit(self) -> None:
         with self.plane.db.transaction() as conn:
-            rows = [
-                dict(r._mapping)
-                for r in conn.execute(
+            rows = expand(  # one entry per subject: a batch row holds many
+                conn.execute(
                     select(audit_events)
                     .where(audit_events.c.id > self._last_audit_id)
                     .order_by(audit_events.c.id)
                 )
-            ]
+            )
         if not rows:
             return
         self._last_audit_id = rows[-1]["id"]

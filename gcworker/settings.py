@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     creating_timeout: Duration = timedelta(hours=1)
     gc_interval: Duration = timedelta(seconds=30)
     stalled_worker_timeout: Duration = timedelta(0)
-    delete_batch_size: int = Field(default=1000, ge=1)
+    delete_batch_size: int = Field(default=10_000, ge=1)
     max_deletes_per_collection: int = Field(default=10_000, ge=1)
     dry_run: bool = False
     brake_stalled_fraction: float = Field(default=0.5, gt=0, le=1)

@@ -64,7 +64,7 @@ def test_bench_quick_writes_every_figure_and_drops_its_schema(tmp_path, pg_admin
     for run in ("gcworker", "unbatched_delete"):
         assert set(collector[run]) >= {"total_ms", "longest_statement_ms", "statements"}
         assert collector[run]["rows_deleted"] == collector["rows"]
-    assert collector["gcworker"]["audit_rows"] == collector["rows"]
+    assert collector["gcworker"]["audited_deletions"] == collector["rows"]
     assert figures["rss"]["peak_rss_mb"] > 0
     assert figures["pipeline"]["measured"] is False
     assert {

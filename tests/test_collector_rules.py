@@ -4,11 +4,14 @@ the clock), rule 10 (stuck creating) and rule 13 (every change audited with its 
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 
 from gcworker.control_plane import ControlPlane
+from gcworker.db.tables import audit_events
+from gcworker.gc.missing import batches
 from gcworker.rules import HeartbeatOutcome
 from gcworker.settings import load_settings
-from tests.conftest import created, states
+from tests.conftest import FakeWorker, created, states
 
 
 def worker_state(plane, name: str = "w1") -> str | None:
@@ -345,3 +348,77 @@ def test_rule13_events_are_listed_newest_first(plane, make_worker, advance):
         "a",
         "operator",
     )
+
+
+def test_rule13_a_batch_of_deletions_is_one_audit_row_per_worker_and_reason_with_every_handle(
+    settings, db, advance
+):
+    plane = ControlPlane(load_settings(database_url=settings.database_url, delete_batch_size=3), db)
+    workers = {"a": FakeWorker(plane, "a"), "b": FakeWorker(plane, "b")}
+    gone = {"a": ["a1", "a2", "a3", "a4"], "b": ["b1", "b2"]}
+    for name, worker in workers.items():
+        worker.heartbeat()
+        created(plane, name, *gone[name])
+        worker.report()
+    advance(minutes=5)
+    for worker in workers.values():
+        worker.heartbeat()
+        worker.report()
+
+    summary = plane.collect()
+
+    assert states(plane) == {}
+    assert summary.counts == {"containers deleted": 6}
+    with db.transaction() as conn:
+        rows = conn.execute(select(audit_events).order_by(audit_events.c.id)).all()
+    # Batches of 3: a's first three rows, then a's last row with b's two: one row per worker.
+    assert sorted((r.worker_name, r.subject, sorted(r.subjects)) for r in rows) == [
+        ("a", None, ["a1", "a2", "a3"]),
+        ("a", None, ["a4"]),
+        ("b", None, ["b1", "b2"]),
+    ]
+    events = plane.events()
+    assert sorted((ev["worker_name"], ev["subject"]) for ev in events) == [
+        (name, handle) for name in ("a", "b") for handle in gone[name]
+    ]
+    assert all(ev["action"] == "delete" and "missing for at least" in ev["reason"] for ev in events)
+
+
+def test_rule13_the_newest_events_are_cut_at_the_limit_even_inside_a_batch(
+    plane, make_worker, advance
+):
+    w = make_worker()
+    created(plane, "w1", "c1", "c2", "c3")
+    w.report()
+    advance(minutes=5)
+    w.heartbeat()
+    w.report()
+    plane.collect()
+
+    assert [ev["subject"] for ev in plane.events(limit=2)] == ["c1", "c2"]
+    assert [ev["subject"] for ev in plane.events()] == ["c1", "c2", "c3"]
+
+
+def test_rule13_a_dry_run_audits_a_batch_as_the_deletion_would(plane, make_worker, advance):
+    w = make_worker()
+    created(plane, "w1", "c1", "c2")
+    w.report()
+    advance(minutes=5)
+    w.heartbeat()
+    w.report()
+
+    plane.collect(dry_run=True)
+
+    assert states(plane) == {"c1": ("created", True), "c2": ("created", True)}
+    assert [(ev["subject"], ev["dry_run"]) for ev in plane.events()] == [
+        ("c1", True),
+        ("c2", True),
+    ]
+
+
+def test_rule4_batches_hold_at_most_the_batch_size_and_split_a_worker_where_needed():
+    groups = [("a", [1, 2, 3, 4]), ("b", [5, 6]), ("c", [7])]
+
+    assert batches(groups, 3) == [[("a", [1, 2, 3])], [("a", [4]), ("b", [5, 6])], [("c", [7])]]
+    assert batches(groups, 10) == [groups]
+    assert batches([], 3) == []

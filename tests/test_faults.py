@@ -33,6 +33,7 @@ from sqlalchemy import func, select, text
 
 from gcworker.broker_health import BrokerSelfCheck
 from gcworker.control_plane import ControlPlane
+from gcworker.db.audit import expand
 from gcworker.db.database import Database
 from gcworker.db.fence import collection_fence
 from gcworker.db.migrate import upgrade
@@ -455,9 +456,9 @@ def _counts(db: Database) -> tuple[int, int]:
     """Container rows, audited deletions: read in one transaction."""
     with db.transaction() as conn:
         rows_left = conn.execute(select(func.count()).select_from(containers)).scalar_one()
-        deletions = conn.execute(
-            select(func.count()).select_from(audit_events).where(audit_events.c.action == "delete")
-        ).scalar_one()
+        deletions = len(
+            expand(conn.execute(select(audit_events).where(audit_events.c.action == "delete")))
+        )
     return rows_left, deletions
 
 

@@ -78,6 +78,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -94,6 +95,7 @@ from sqlalchemy import delete, event, select
 from sqlalchemy.engine import make_url
 
 from gcworker.control_plane import ControlPlane
+from gcworker.db.audit import expand
 from gcworker.db.database import Database, create_database_engine
 from gcworker.db.disruption import DisruptionRepository
 from gcworker.db.fence import collection_fence
@@ -1231,11 +1233,17 @@ class GcMachine(RuleBasedStateMachine):
                         r.get("container"),
                     )
             disruption = DisruptionRepository(self.db).current(conn) is not None
-            audit = conn.execute(
-                select(audit_events)
-                .where(audit_events.c.id > self.audit_seen)
-                .order_by(audit_events.c.id)
-            ).all()
+            # One entry per subject: a batch row of the collector's deletions holds many.
+            audit = [
+                SimpleNamespace(**entry)
+                for entry in expand(
+                    conn.execute(
+                        select(audit_events)
+                        .where(audit_events.c.id > self.audit_seen)
+                        .order_by(audit_events.c.id)
+                    )
+                )
+            ]
         return {"workers": worker_rows, "rows": rows, "disruption": disruption}, audit
 
     @invariant()

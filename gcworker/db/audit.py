@@ -1,5 +1,9 @@
 """Every SQL statement on the audit log: what the collector (and the reconciler, when it drops an
-ephemeral worker's rows) changed, and why (rule 13)."""
+ephemeral worker's rows) changed, and why (rule 13).
+
+A row records one subject, or (the collector's deletions) the handles of one batch: one row per
+(batch, kind, worker, reason), its handles in `subjects`. Readers see one entry per subject
+either way (`expand`)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, case, insert, literal, select
+from sqlalchemy import Connection, case, func, insert, literal, select
 
 from gcworker.db.tables import audit_events
 
@@ -16,9 +20,22 @@ from gcworker.db.tables import audit_events
 class AuditEntry:
     action: str
     kind: str
-    subject: str
+    subject: str | None
     reason: str
     worker: str | None = None
+    # The handles of a batch, recorded in one row (`subject` is then None).
+    subjects: tuple[str, ...] | None = None
+
+    @classmethod
+    def batch(
+        cls, action: str, kind: str, subjects: Iterable[str], reason: str, worker: str | None
+    ) -> AuditEntry:
+        return cls(action, kind, None, reason, worker, tuple(sorted(subjects)))
+
+    @property
+    def count(self) -> int:
+        """How many subjects (changes) this entry records."""
+        return 1 if self.subjects is None else len(self.subjects)
 
 
 class AuditRepository:
@@ -38,6 +55,7 @@ class AuditRepository:
                 "action": e.action,
                 "kind": e.kind,
                 "subject": e.subject,
+                "subjects": e.subjects,
                 "worker_name": e.worker,
                 "reason": e.reason,
                 "dry_run": dry_run,
@@ -55,36 +73,61 @@ class AuditRepository:
         *,
         action: str,
         kind: str,
-        worker: str | None,
         reasons: dict[str, str],
         actor: str,
         now: datetime,
-    ) -> int:
-        """Run `changes` (a DELETE or UPDATE ... RETURNING handle, reason) and audit every row it
-        returns in the same statement (PostgreSQL): no row travels to Python and back.
-        `reasons` rewrites the returned reasons; returns the number of rows changed."""
+    ) -> list[tuple[str, int]]:
+        """Run `changes` (a DELETE or UPDATE ... RETURNING handle, worker_name, reason) and audit
+        what it returns in the same statement (PostgreSQL): one row per (worker, reason) holding
+        every handle, and no row travels to Python and back. `reasons` rewrites the returned
+        reasons. Returns (worker, number of rows changed) per audit row."""
         changed = changes.cte("changed")
         reason = (
             case(reasons, value=changed.c.reason, else_=changed.c.reason)
             if reasons
             else changed.c.reason
         )
-        rows = select(
-            literal(now, audit_events.c.at.type),
-            literal(actor),
-            literal(action),
-            literal(kind),
-            changed.c.handle,
-            literal(worker),
-            reason,
-            literal(False),
-        ).select_from(changed)
-        columns = ["at", "actor", "action", "kind", "subject", "worker_name", "reason", "dry_run"]
-        statement = insert(audit_events).from_select(columns, rows).add_cte(changed)
-        return conn.execute(statement).rowcount
+        handles = func.array_agg(changed.c.handle, type_=audit_events.c.subjects.type)
+        rows = (
+            select(
+                literal(now, audit_events.c.at.type),
+                literal(actor),
+                literal(action),
+                literal(kind),
+                handles,
+                changed.c.worker_name,
+                reason,
+                literal(False),
+            )
+            .select_from(changed)
+            .group_by(changed.c.worker_name, changed.c.reason)
+        )
+        columns = ["at", "actor", "action", "kind", "subjects", "worker_name", "reason", "dry_run"]
+        statement = (
+            insert(audit_events)
+            .from_select(columns, rows)
+            .add_cte(changed)
+            .returning(audit_events.c.worker_name, func.cardinality(audit_events.c.subjects))
+        )
+        return [(worker, count) for worker, count in conn.execute(statement)]
 
     def list(self, conn: Connection, limit: int | None = None) -> list[dict]:
+        """The newest `limit` entries first, a batch row expanded into one entry per handle."""
         query = select(audit_events).order_by(audit_events.c.at.desc(), audit_events.c.id.desc())
         if limit is not None:
-            query = query.limit(limit)
-        return [dict(r._mapping) for r in conn.execute(query)]
+            query = query.limit(limit)  # every row holds one entry at least
+        return expand(conn.execute(query))[:limit]
+
+
+def expand(rows: Iterable) -> list[dict]:
+    """Audit rows (mappings or result rows) as entries of one subject each, in the rows' order
+    and, within a batch row, in the handles' order: every column but `subjects`."""
+    entries = []
+    for row in rows:
+        entry = dict(getattr(row, "_mapping", row))
+        subjects = entry.pop("subjects", None)
+        if subjects is None:
+            entries.append(entry)
+        else:
+            entries.extend({**entry, "subject": subject} for subject in sorted(subjects))
+    return entries

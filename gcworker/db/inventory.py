@@ -14,11 +14,13 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import (
     Connection,
+    DateTime,
     Table,
     Text,
     bindparam,
     case,
     cast,
+    column,
     delete,
     func,
     literal,
@@ -28,6 +30,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from gcworker.db.database import Database
 from gcworker.db.tables import INVENTORY_TABLES, containers, volumes, workers
@@ -294,7 +297,10 @@ class InventoryRepository:
                 t.c.state == "created",
                 t.c.missing_since.is_not(None),
                 t.c.missing_since <= now - grace,
-                t.c.missing_since <= self.db.minus(workers.c.last_report_at, grace),
+                # `missing_since + grace <= last_report_at`, written so that it is no index
+                # condition: PostgreSQL then reads the candidates once and joins the few
+                # workers, rather than scanning the index on missing_since once per worker.
+                self.db.minus(t.c.missing_since, -grace) <= workers.c.last_report_at,
             )
         )
 
@@ -303,16 +309,51 @@ class InventoryRepository:
     ) -> list[tuple[str, str]]:
         """Rule 4: delete these rows of `worker` if they are still missing since `cutoff` or
         earlier. Returns (handle, reason) for every deleted row."""
-        return sorted(conn.execute(self.delete_missing_statement(worker, ids, cutoff)).all())
-
-    def delete_missing_statement(self, worker: str, ids: list[int], cutoff: datetime):
-        """`delete_missing` as one statement returning (handle, reason), so that the audit can
-        be written from it in the same statement (`AuditRepository.record_returned`)."""
         t = self.table
-        return (
+        statement = (
             delete(t)
             .where(*self._missing_before(worker, ids, cutoff))
             .returning(t.c.handle, literal("missing").label("reason"))
+        )
+        return sorted(conn.execute(statement).all())
+
+    def delete_missing_statement(self, cutoffs: dict[str, datetime], ids: list[int]):
+        """`delete_missing` for the rows `ids` of several workers in one statement (PostgreSQL),
+        each worker's with its own cutoff, returning (handle, worker_name, reason), so that the
+        audit can be written from it in the same statement (`AuditRepository.record_returned`).
+        """
+        t = self.table
+        return (
+            delete(t)
+            .where(*self._missing_before_cutoffs(cutoffs, ids))
+            .returning(t.c.handle, t.c.worker_name, literal("missing").label("reason"))
+        )
+
+    def _missing_before_cutoffs(self, cutoffs: dict[str, datetime], ids: list[int]) -> tuple:
+        """`_missing_before` for several workers: a (worker, cutoff) rowset joined (PostgreSQL)."""
+        t = self.table
+        names = sorted(cutoffs)
+        allowed = (
+            func.unnest(
+                cast(bindparam(None, self.db.values_parameter(names), Text), ARRAY(Text)),
+                cast(
+                    bindparam(
+                        None,
+                        self.db.values_parameter([cutoffs[n].isoformat() for n in names]),
+                        Text,
+                    ),
+                    ARRAY(DateTime(timezone=True)),
+                ),
+            )
+            .table_valued(column("worker_name", Text), column("cutoff", DateTime(timezone=True)))
+            .render_derived()
+        )
+        return (
+            self.db.member_of(t.c.id, ids),
+            t.c.worker_name == allowed.c.worker_name,
+            t.c.state == "created",
+            t.c.missing_since.is_not(None),
+            t.c.missing_since <= allowed.c.cutoff,
         )
 
     def _missing_before(self, worker: str, ids: list[int], cutoff: datetime) -> tuple:
@@ -383,18 +424,15 @@ def oldest_deletable(
     database: the ids come back joined, a row per group, not a row per candidate."""
     repos = list(repos)
     db = repos[0].db
-    groups = []
-    for repo in repos:
-        # One statement per kind, each reading at most cap + 1 rows in the order of the
-        # partial index on missing_since: no statement grows with the number of candidates.
-        t = repo.table
-        oldest_of_kind = repo._deletable(now, grace).order_by(t.c.missing_since, t.c.id)
-        groups += _grouped_ids(conn, db, oldest_of_kind.limit(cap + 1).subquery())
+    candidates = union_all(*(repo._deletable(now, grace) for repo in repos)).subquery()
+    c = candidates.c
+    # Within the cap (the usual case) every candidate goes, and their order does not matter:
+    # one statement reads at most cap + 1 of them, in no order, and sorts nothing.
+    some = select(c.kind, c.worker_name, c.id).limit(cap + 1).subquery()
+    groups = _grouped_ids(conn, db, some)
     if sum(len(ids) for _, _, ids in groups) <= cap:
         return groups, False
     # More than the cap: the oldest across kinds (bounded by the cap as well).
-    candidates = union_all(*(repo._deletable(now, grace) for repo in repos)).subquery()
-    c = candidates.c
     oldest = (
         select(c.kind, c.worker_name, c.id)
         .order_by(c.missing_since, c.kind, c.worker_name, c.id)
@@ -402,6 +440,35 @@ def oldest_deletable(
         .subquery()
     )
     return _grouped_ids(conn, db, oldest), True
+
+
+def lock_deleting_workers(
+    conn: Connection, db: Database, names: Iterable[str], *, commit_without_waiting: bool
+) -> tuple[dict[str, tuple[str, datetime | None]], datetime]:
+    """Rule 4's batch step: lock the workers whose rows a batch deletes (in name order, as
+    every lock of several workers is taken), so that no report of theirs interleaves with the
+    deletion, and read their state and last report with the control plane's time, in one
+    statement on PostgreSQL: {name: (state, last_report_at)}, now. With
+    `commit_without_waiting` the same statement makes the commit not wait for the disk (a
+    batch lost in a server crash is a deletion not made yet: the next collection makes it)."""
+    names = sorted(set(names))
+    w = workers.c
+    columns = [w.name, w.state, w.last_report_at]
+    postgresql_ = db.is_postgresql
+    if postgresql_:
+        columns.append(func.clock_timestamp().label("clock_now"))
+        if commit_without_waiting:
+            columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
+    rows = conn.execute(
+        select(*columns).where(db.member_of(w.name, names)).order_by(w.name).with_for_update()
+    ).all()
+    if postgresql_ and rows:
+        now = db.clock(rows[0].clock_now)
+    else:
+        if postgresql_ and commit_without_waiting:
+            db.commit_without_waiting(conn)
+        now = db.now(conn)
+    return {row.name: (row.state, row.last_report_at) for row in rows}, now
 
 
 def _grouped_ids(conn: Connection, db: Database, rows) -> list[tuple[str, str, list[int]]]:
@@ -490,18 +557,18 @@ class VolumeRepository(InventoryRepository):
         )
 
     def _missing_subtree(self, worker: str, ids: list[int], cutoff: datetime):
-        subtree = (
-            select(volumes.c.id)
-            .where(*self._missing_before(worker, ids, cutoff))
-            .cte("subtree", recursive=True)
-        )
+        return self._subtree(self._missing_before(worker, ids, cutoff))
+
+    @staticmethod
+    def _subtree(roots: tuple):
+        subtree = select(volumes.c.id).where(*roots).cte("subtree", recursive=True)
         child = volumes.alias("child")
         return subtree.union(select(child.c.id).where(child.c.parent_id == subtree.c.id))
 
-    def delete_missing_statement(self, worker: str, ids: list[int], cutoff: datetime):
+    def delete_missing_statement(self, cutoffs: dict[str, datetime], ids: list[int]):
         """`delete_missing` in one statement, for PostgreSQL: the subtree is read before the
         statement deletes, and the cascade runs after it, so RETURNING sees every row."""
-        subtree = self._missing_subtree(worker, ids, cutoff)
+        subtree = self._subtree(self._missing_before_cutoffs(cutoffs, ids))
         reason = case(
             (self.db.member_of(volumes.c.id, ids), literal("missing")),
             else_=literal("descendant of a missing volume"),
@@ -509,5 +576,5 @@ class VolumeRepository(InventoryRepository):
         return (
             delete(volumes)
             .where(volumes.c.id.in_(select(subtree.c.id)))
-            .returning(volumes.c.handle, reason.label("reason"))
+            .returning(volumes.c.handle, volumes.c.worker_name, reason.label("reason"))
         )

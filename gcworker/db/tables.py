@@ -6,9 +6,11 @@ repositories build every statement from these tables.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    DDL,
     BigInteger,
     Boolean,
     CheckConstraint,
@@ -20,8 +22,10 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    event,
     text,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.types import DateTime, TypeDecorator
 
 metadata = MetaData()
@@ -141,6 +145,31 @@ volumes = Table(
     Index("ix_volumes_container_id", "container_id"),
 )
 
+
+class HandleList(TypeDecorator):
+    """A list of handles: `text[]` on PostgreSQL, a JSON array in SQLite's text."""
+
+    impl = Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(postgresql.ARRAY(Text))
+        return dialect.type_descriptor(Text())
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        return list(value) if dialect.name == "postgresql" else json.dumps(list(value))
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return list(value) if dialect.name == "postgresql" else json.loads(value)
+
+
+AUDIT_SUBJECTS_STORAGE = "ALTER TABLE audit_events ALTER COLUMN subjects SET STORAGE EXTERNAL"
+
 audit_events = Table(
     "audit_events",
     metadata,
@@ -151,11 +180,22 @@ audit_events = Table(
     Column("actor", String(16), nullable=False),
     Column("action", String(32), nullable=False),
     Column("kind", String(16), nullable=False),
-    Column("subject", String(128), nullable=False),
+    # One subject (a handle, a worker), or the handles of one batch (`subjects`): one row per
+    # (batch, kind, worker, reason) of the collector's deletions. Listings expand them.
+    Column("subject", String(128), nullable=True),
+    Column("subjects", HandleList, nullable=True),
     Column("worker_name", String(64), nullable=True),
     Column("reason", Text, nullable=False),
     Column("dry_run", Boolean, nullable=False, server_default=text("false")),
+    CheckConstraint("(subject IS NULL) <> (subjects IS NULL)", name="ck_audit_events_one_subject"),
     Index("ix_audit_events_at", "at"),
+)
+# A batch's handles are written once and compress little: stored out of line, uncompressed
+# (migration 0005 does the same), so that a batch's audit costs no compression in its statement.
+event.listen(
+    audit_events,
+    "after_create",
+    DDL(AUDIT_SUBJECTS_STORAGE).execute_if(dialect="postgresql"),
 )
 
 INVENTORY_TABLES = {"container": containers, "volume": volumes}

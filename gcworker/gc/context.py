@@ -42,17 +42,23 @@ class CollectionContext:
 
     @contextlib.contextmanager
     def step(self) -> Iterator[Step]:
+        with self.transaction() as conn:
+            yield Step(conn, self.db.now(conn))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A step that reads the clock itself (along with its first statement)."""
         if self.dry_run:
-            yield Step(self.conn, self.db.now(self.conn))
+            yield self.conn
             return
         with self.conn.begin():
-            yield Step(self.conn, self.db.now(self.conn))
+            yield self.conn
 
     def record(self, step: Step, entries: Iterable[AuditEntry]) -> None:
         """Audit what a step did (rule 13) and count it for the summary."""
         entries = list(entries)
         for entry in entries:
-            self.counts[(entry.action, entry.kind)] += 1
+            self.counts[(entry.action, entry.kind)] += entry.count
         if self.dry_run:
             self.pending_audit.extend(entries)
         else:

@@ -2,29 +2,35 @@
 the grace period, on a running worker, confirmed by a report received at or after
 `missing_since + grace` that still lacked them. Silence is never evidence.
 
-It plans first (the oldest marks first, across both kinds and all workers, up to the per-
-collection cap), then deletes in short batches, each holding the worker's row lock and checking
-the conditions again, so that a report of that worker can never interleave with a deletion.
-Nothing is deleted in disruption mode (rule 12).
+It plans first (every candidate up to the per-collection cap; beyond it, the oldest marks
+first across both kinds and all workers), then deletes in short batches of one kind (of one or
+several workers), each holding its workers' row locks and checking the conditions again, so
+that a report of those workers can never interleave with a deletion. Each batch is audited in
+the same statement as it deletes (PostgreSQL): one audit row per worker and reason, holding
+every deleted handle (rule 13). Nothing is deleted in disruption mode (rule 12).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 
 from gcworker.db.audit import AuditEntry, AuditRepository
 from gcworker.db.inventory import (
     ContainerRepository,
     InventoryRepository,
     VolumeRepository,
+    lock_deleting_workers,
     oldest_deletable,
 )
 from gcworker.db.workers import WorkerRepository
-from gcworker.gc.context import CollectionContext
+from gcworker.gc.context import CollectionContext, Step
 from gcworker.rules import deletion_cutoff
 from gcworker.settings import format_duration
 
 log = logging.getLogger(__name__)
+
+Batch = list[tuple[str, list[int]]]  # (worker, ids) of one kind
 
 
 class MissingRowCollector:
@@ -43,60 +49,79 @@ class MissingRowCollector:
                 "deletion cap reached: the rest wait for the next collection",
                 extra={"cap": cap},
             )
-        by_kind = {repo.kind: repo for repo in repos}
-        for kind, worker, ids in plan:
-            for start in range(0, len(ids), ctx.settings.delete_batch_size):
-                chunk = ids[start : start + ctx.settings.delete_batch_size]
-                if not self._delete_batch(ctx, by_kind[kind], worker, chunk):
-                    break
+        for repo in repos:
+            groups = [(worker, ids) for kind, worker, ids in plan if kind == repo.kind]
+            for batch in batches(groups, ctx.settings.delete_batch_size):
+                self._delete_batch(ctx, repo, batch)
 
     @staticmethod
-    def _delete_batch(
-        ctx: CollectionContext, repo: InventoryRepository, worker: str, ids: list[int]
-    ) -> bool:
-        """Delete one batch of one worker's rows; False when the worker no longer qualifies."""
-        workers = WorkerRepository(ctx.db)
+    def _delete_batch(ctx: CollectionContext, repo: InventoryRepository, batch: Batch) -> None:
+        """Delete one batch of one kind: the rows of each of its workers that still qualify."""
         grace = ctx.settings.missing_grace_period
-        with ctx.step() as step:
-            # A batch lost in a server crash is a deletion not made yet: the next collection
-            # makes it. Not waiting for the disk at each of many short commits keeps the whole
-            # collection close to one unbatched DELETE.
-            current, _ = workers.lock_with_clock(
-                step.conn, worker, commit_without_waiting=not ctx.dry_run
+        with ctx.transaction() as conn:
+            found, now = lock_deleting_workers(
+                conn,
+                ctx.db,
+                [worker for worker, _ in batch],
+                commit_without_waiting=not ctx.dry_run,
             )
-            if current is None or current.state != "running":
-                return False
-            cutoff = deletion_cutoff(step.now, current.last_report_at, grace)
-            if cutoff is None:
-                return False
+            cutoffs = {}
+            for worker, _ in batch:
+                state, last_report_at = found.get(worker, (None, None))
+                cutoff = deletion_cutoff(now, last_report_at, grace)
+                if state == "running" and cutoff is not None:
+                    cutoffs[worker] = cutoff
+            if not cutoffs:
+                return
             if ctx.dry_run or not ctx.db.is_postgresql:
-                deleted = repo.delete_missing(step.conn, worker, ids, cutoff)
-                ctx.record(
-                    step,
-                    [
-                        AuditEntry(
-                            "delete", repo.kind, handle, _reason(reason, grace), worker=worker
+                entries = []
+                for worker, ids in batch:
+                    if worker not in cutoffs:
+                        continue
+                    by_reason = defaultdict(list)
+                    for handle, reason in repo.delete_missing(conn, worker, ids, cutoffs[worker]):
+                        by_reason[reason].append(handle)
+                    entries += [
+                        AuditEntry.batch(
+                            "delete", repo.kind, handles, _reason(reason, grace), worker
                         )
-                        for handle, reason in deleted
-                    ],
-                )
-                count = len(deleted)
+                        for reason, handles in sorted(by_reason.items())
+                    ]
+                ctx.record(Step(conn, now), entries)
+                changed = {entry.worker for entry in entries}
             else:
                 # One statement deletes the batch and writes its audit rows (rule 13).
-                count = AuditRepository().record_returned(
-                    step.conn,
-                    repo.delete_missing_statement(worker, ids, cutoff),
+                ids = [id_ for worker, ids in batch if worker in cutoffs for id_ in ids]
+                audited = AuditRepository().record_returned(
+                    conn,
+                    repo.delete_missing_statement(cutoffs, ids),
                     action="delete",
                     kind=repo.kind,
-                    worker=worker,
                     reasons={"missing": _reason("missing", grace)},
                     actor="collector",
-                    now=step.now,
+                    now=now,
                 )
-                ctx.counts[("delete", repo.kind)] += count
-            if count:
-                workers.bump_generation(step.conn, [worker])
-        return True
+                ctx.counts[("delete", repo.kind)] += sum(count for _, count in audited)
+                changed = {worker for worker, _ in audited}
+            WorkerRepository(ctx.db).bump_generation(conn, changed)
+
+
+def batches(groups: Batch, size: int) -> list[Batch]:
+    """Consecutive batches of at most `size` ids in all, a worker's ids split where needed."""
+    out: list[Batch] = []
+    current: Batch = []
+    room = size
+    for worker, ids in groups:
+        while ids:
+            taken, ids = ids[:room], ids[room:]
+            current.append((worker, taken))
+            room -= len(taken)
+            if room == 0:
+                out.append(current)
+                current, room = [], size
+    if current:
+        out.append(current)
+    return out
 
 
 def _reason(reason: str, grace) -> str:
