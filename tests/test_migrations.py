@@ -3,11 +3,14 @@ migrated schema is exactly `gcworker.db.tables`."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
+from gcworker.db.audit import AuditEntry, AuditRepository
 from gcworker.db.database import Database
 from gcworker.db.migrate import (
     SchemaOutOfDate,
@@ -80,3 +83,29 @@ def test_migrations_commands_refuse_a_database_that_is_not_migrated(engine):
         require_current(engine)
     upgrade(engine)
     require_current(engine)
+
+
+def test_migrations_downgrading_0005_expands_a_batch_audit_row_into_one_row_per_handle(engine):
+    upgrade(engine)
+    with engine.begin() as conn:
+        AuditRepository().record(
+            conn,
+            [
+                AuditEntry.batch("delete", "container", ["c2", "c1"], "missing", "w1"),
+                AuditEntry("stall", "worker", "w1", "heartbeat expired"),
+            ],
+            actor="collector",
+            now=datetime(2030, 1, 1, tzinfo=UTC),
+        )
+
+    downgrade(engine, "0004")
+
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT action, subject, worker_name FROM audit_events")).all()
+    assert sorted(map(tuple, rows)) == [
+        ("delete", "c1", "w1"),
+        ("delete", "c2", "w1"),
+        ("stall", "w1", None),
+    ]
+    upgrade(engine)
+    assert current_revision(engine) == head_revision()
