@@ -69,7 +69,9 @@ class ControlPlane:
         revoked (or replaced) verifies nothing from the moment the revocation commits: no cache
         could know of a revocation made elsewhere (another host, SQL) any sooner. One statement,
         its own transaction (`execute_one`): one round trip."""
-        row = execute_one(self.db, active_key_statement(), {"p_worker": worker})
+        row = execute_one(
+            self.db, active_key_statement(), {"p_worker": worker}, prepared="gcworker_active_key"
+        )
         return None if row is None else row.public_key
 
     def dead_letter(self, rejected: Rejected) -> None:

@@ -164,7 +164,7 @@ def read_head(db: Database, worker: str) -> Head | None:
             view = WorkerRepository(db).lock(conn, worker)
             now = db.now(conn)
         return None if view is None else Head(worker, version_of(now), view.generation)
-    row = execute_one(db, _head_statement(), {"p_name": worker})
+    row = execute_one(db, _head_statement(), {"p_name": worker}, prepared="gcworker_head")
     if row is None:
         return None
     return Head(worker, version_of(db.clock(row.clock_now)), row.generation)
@@ -197,7 +197,9 @@ class KeyAndHead:
         if not self.db.is_postgresql:
             with self.db.transaction() as conn:
                 return conn.execute(active_key_statement(), {"p_worker": worker}).scalar()
-        row = execute_one(self.db, _key_and_head_statement(), {"p_name": worker})
+        row = execute_one(
+            self.db, _key_and_head_statement(), {"p_name": worker}, prepared="gcworker_key_head"
+        )
         if row.generation is not None:
             self.head = Head(worker, version_of(self.db.clock(row.clock_now)), row.generation)
         return row.public_key

@@ -12,12 +12,16 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 
-def execute_one(db, statement, params: dict[str, Any]):
-    """The first row of `statement` (or None), read in a transaction of its own."""
+def execute_one(db, statement, params: dict[str, Any], *, prepared: str | None = None):
+    """The first row of `statement` (or None), read in a transaction of its own. `prepared`
+    names it as a server-side prepared statement of each connection (`Database.execute_prepared`:
+    parsed and planned once; only for a statement whose plan does not depend on its values)."""
     engine = getattr(db, "autocommit_engine", None)
     if engine is not None:
         try:
             with engine.connect() as conn:
+                if prepared and hasattr(db, "execute_prepared"):
+                    return db.execute_prepared(conn, prepared, statement, params).first()
                 return conn.execute(statement, params).first()
         except DBAPIError as error:
             if not error.connection_invalidated:
