@@ -10,6 +10,7 @@ import click
 LABELS = {
     ("gcworker", "steady"): "gcworker steady (fast path)",
     ("gcworker", "compact_unchanged"): "gcworker compact unchanged report",
+    ("gcworker", "compact_unchanged_loop"): "gcworker compact unchanged report, tight loop",
     ("gcworker", "steady_full_diff"): "gcworker steady, full diff",
     ("gcworker", "churn_1pct"): "gcworker 1% churn",
     ("gcworker", "mass_loss"): "gcworker mass loss",
@@ -106,8 +107,13 @@ def build_table(result):
         table.add_column(name, justify=justify)
     for size, cases in result.reconcile.items():
         h = f"{int(size):,}"
-        floor = cases["select1"]
-        table.add_row("SELECT 1 (floor)", h, _ms(floor["median_ms"]), _ms(floor["p95_ms"]), "1")
+        for key, label in (
+            ("select1", "SELECT 1 (floor: a pooled connection, among the cases)"),
+            ("select1_held", "SELECT 1 (a held connection, in a tight loop)"),
+        ):
+            floor = cases.get(key)
+            if floor:
+                table.add_row(label, h, _ms(floor["median_ms"]), _ms(floor["p95_ms"]), "1")
         for (impl, name), label in LABELS.items():
             stats = cases.get(impl, {}).get(name)
             if stats is None:
@@ -115,15 +121,14 @@ def build_table(result):
             pair = cases.get("pair", {}).get(
                 name if name in ("churn_1pct", "mass_loss") else "steady"
             )
-            ratio = (
-                f"{pair['median_ms'] / stats['median_ms']:.1f}x" if pair and impl != "pair" else ""
-            )
+            compared = pair and impl != "pair" and not name.endswith("_loop")
+            ratio = f"{pair['median_ms'] / stats['median_ms']:.1f}x" if compared else ""
             table.add_row(
                 label,
                 h,
                 _ms(stats["median_ms"]),
                 _ms(stats["p95_ms"]),
-                f"{stats['statements']:g}",
+                "" if stats["statements"] is None else f"{stats['statements']:g}",
                 _int(stats["rows_written"]),
                 _int(stats["wal_bytes"]),
                 ratio,
