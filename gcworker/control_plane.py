@@ -39,11 +39,16 @@ class ControlPlane:
         self.fleet = Fleet(self.db)
 
     def receive(
-        self, envelope, public_key_of: Callable[[str], str | None] | None = None
+        self,
+        envelope,
+        public_key_of: Callable[[str], str | None] | None = None,
+        on_checked: Callable[[Heartbeat | Report | UnchangedReport], None] | None = None,
     ) -> HeartbeatResult | ReportResult | Rejected:
         """Decode, check and apply one message as it arrived; a rejected one changes nothing
         but the dead-letter list. `public_key_of` replaces `self.public_key_of` (it must read
-        the active key as exactly: `gcworker.handoff.KeyAndHead`)."""
+        the active key as exactly: `gcworker.handoff.KeyAndHead`); `on_checked` is called with
+        the message once it is known authentic, before it is applied
+        (`gcworker.handoff.ReportHandoff`)."""
         try:
             message = decode(
                 envelope,
@@ -54,6 +59,8 @@ class ControlPlane:
         except Rejected as rejected:
             self.dead_letter(rejected)
             return rejected
+        if on_checked is not None:
+            on_checked(message)
         return self.apply(message)
 
     def apply(self, message: Heartbeat | Report | UnchangedReport):

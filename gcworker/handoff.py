@@ -70,6 +70,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -317,6 +319,61 @@ class DestroyingBoard:
     def version(self, worker: str) -> int | None:
         value = self.redis.get(self.keys(worker)[2])
         return int(value) if value is not None else None
+
+
+class ReportHandoff:
+    """The hand-off of one report task (`tasks.reconcile.reconcile_report`), in as few round
+    trips as possible:
+
+    - the report's key is read with the worker's `Head` (`KeyAndHead`, one statement);
+    - once the report is known authentic, the stored snapshot is refreshed from that head in a
+      background thread of this process, while the report is applied: the refresh is exact on
+      its own terms whatever the report then does (`KeyAndHead`);
+    - after a report that changed nothing (the fast path) and a refresh that applied (or found a
+      newer snapshot), that is all; otherwise `publish_snapshot` reads a head after the report
+      and refreshes or publishes in full, as for any report.
+    """
+
+    def __init__(self, db: Database, board: DestroyingBoard):
+        self.db = db
+        self.board = board
+        self.lookup = KeyAndHead(db)
+        self._refresh: Future | None = None
+
+    def public_key_of(self, worker: str) -> str | None:
+        return self.lookup(worker)
+
+    def checked(self, message) -> None:
+        head = self.lookup.head
+        if head is not None and head.worker == message.worker and message.type != "heartbeat":
+            self._refresh = _background().submit(self.board.refresh, head)
+
+    def finish(self, result) -> Snapshot | Head | None:
+        """After the report's transaction: the refresh's answer, or a snapshot published."""
+        refreshed = FULL_NEEDED
+        if self._refresh is not None:
+            try:
+                refreshed = self._refresh.result()
+            except Exception as error:  # noqa: BLE001 - publish_snapshot tries again and logs
+                log.debug("early refresh failed", extra={"error": f"{type(error).__name__}"})
+            self._refresh = None
+        if result.fast_path and refreshed != FULL_NEEDED:
+            return self.lookup.head
+        return publish_snapshot(self.db, self.board, result.worker)
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_pid: int | None = None
+
+
+def _background() -> ThreadPoolExecutor:
+    """One thread per process (created in the process that uses it: a Celery pool process is
+    forked before its first task) for the hand-off's Redis round trips."""
+    global _executor, _executor_pid
+    if _executor is None or _executor_pid != os.getpid():
+        _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gcworker-handoff")
+        _executor_pid = os.getpid()
+    return _executor
 
 
 def publish_snapshot(

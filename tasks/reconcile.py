@@ -110,18 +110,23 @@ def record_heartbeat(envelope=None, *_args, **_kwargs):
 
 @app.task(name=REPORT_TASK, **RETRY)
 def reconcile_report(envelope=None, *_args, **_kwargs):
-    from gcworker.handoff import KeyAndHead, publish_snapshot
+    from gcworker.handoff import ReportHandoff
 
     plane = control_plane()
-    # The key and the worker's head in one statement: after a report that changed nothing, the
-    # hand-off refreshes the stored snapshot from that head, with no statement of its own.
-    lookup = KeyAndHead(plane.db)
-    result = pipeline.receive(plane, envelope, task="report", public_key_of=lookup)
+    # The key is read with the worker's head; the stored snapshot is refreshed from that head
+    # while the report is applied; only a report that changed something costs more.
+    handoff = ReportHandoff(plane.db, board())
+    result = pipeline.receive(
+        plane,
+        envelope,
+        task="report",
+        public_key_of=handoff.public_key_of,
+        on_checked=handoff.checked,
+    )
     if isinstance(result, ReportResult):
         if result.outcome is ReportOutcome.FULL_REPORT_NEEDED:
             board().want_full_report(result.worker)
-        head = lookup.head if result.fast_path else None
-        publish_snapshot(plane.db, board(), result.worker, head)
+        handoff.finish(result)
 
 
 # A collection needs no redelivery: beat sends the next trigger one interval later.

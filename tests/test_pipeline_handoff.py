@@ -215,3 +215,45 @@ def test_a_head_of_another_generation_gets_a_full_snapshot(plane, db, make_worke
     published = publish_snapshot(db, board, "w1", head)
     assert isinstance(published, Snapshot)
     assert board.feedback("w1").destroying["container"] == ["c1"]
+
+
+def test_the_report_tasks_hand_off_refreshes_while_the_report_is_applied(
+    plane, db, make_worker, board, advance, inventory_reads
+):
+    """`ReportHandoff`: the key read with the head, the refresh started once the message is
+    authentic, nothing more after a fast-path report; a report that changed rows is published
+    in full after its commit."""
+    from gcworker.codec import encode
+    from gcworker.handoff import ReportHandoff
+    from gcworker.messages import Report
+    from gcworker.signing import generate_private_key, public_key_text
+
+    key = generate_private_key()
+    plane.register_key("w1", public_key_text(key))
+    worker = make_worker("w1")
+    destroying(plane, "w1", "c-gone")
+
+    def send(containers):
+        handoff = ReportHandoff(db, board)
+        message = Report(
+            worker="w1", incarnation=1, seq=worker.next_seq(), containers=containers, volumes=[]
+        )
+        result = plane.receive(encode(message, key), handoff.public_key_of, handoff.checked)
+        return result, handoff.finish(result)
+
+    result, published = send(["c-gone"])
+    assert isinstance(published, Snapshot)  # nothing stored before
+    advance(seconds=5)
+    inventory_reads.clear()
+    result, published = send(["c-gone"])
+    if db.is_postgresql:  # the head is read with the key on PostgreSQL only
+        assert result.fast_path and isinstance(published, Head)
+        assert inventory_reads == []
+    assert board.version("w1") > 0
+    assert board.feedback("w1").destroying["container"] == ["c-gone"]
+
+    advance(seconds=5)
+    result, published = send(["c-gone", "c-unknown"])  # rule 8: a new destroying row
+    assert not result.fast_path
+    assert isinstance(published, Snapshot)
+    assert sorted(board.feedback("w1").destroying["container"]) == ["c-gone", "c-unknown"]
