@@ -71,8 +71,11 @@ def decode(
     *,
     allow_unsigned: bool = False,
     max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    claimed: Callable[[str], None] | None = None,
 ) -> Message:
-    """The message in `envelope`, checked; `public_key_of(worker)` gives the active key or None."""
+    """The message in `envelope`, checked; `public_key_of(worker)` gives the active key or None.
+    `claimed(worker)` is told the worker a signed message names as soon as it is read, before
+    anything is checked (so that its key can be read meanwhile): a name, nothing more."""
     if not isinstance(envelope, dict) or not isinstance(envelope.get("payload"), str):
         raise Rejected("malformed envelope: expected an object with a string payload")
     unknown = sorted(set(envelope) - {"payload", "signature"})
@@ -91,6 +94,8 @@ def decode(
         fields = _compact_fields(fields, payload)
     worker = fields.get("worker") if isinstance(fields, dict) else None
     worker = worker if isinstance(worker, str) else None
+    if claimed is not None and worker is not None and envelope.get("signature") is not None:
+        claimed(worker)
     try:
         message = _message_adapter.validate_python(fields)
     except ValidationError as error:

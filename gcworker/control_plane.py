@@ -5,7 +5,6 @@ collector and the listings to it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime
 
 from gcworker.codec import Rejected, decode
@@ -38,29 +37,28 @@ class ControlPlane:
         self.scheduler = Scheduler(self.db)
         self.fleet = Fleet(self.db)
 
-    def receive(
-        self,
-        envelope,
-        public_key_of: Callable[[str], str | None] | None = None,
-        on_checked: Callable[[Heartbeat | Report | UnchangedReport], None] | None = None,
-    ) -> HeartbeatResult | ReportResult | Rejected:
+    def receive(self, envelope, hooks=None) -> HeartbeatResult | ReportResult | Rejected:
         """Decode, check and apply one message as it arrived; a rejected one changes nothing
-        but the dead-letter list. `public_key_of` replaces `self.public_key_of` (it must read
-        the active key as exactly: `gcworker.handoff.KeyAndHead`); `on_checked` is called with
-        the message once it is known authentic, before it is applied
-        (`gcworker.handoff.ReportHandoff`)."""
+        but the dead-letter list.
+
+        `hooks` (`gcworker.handoff.ReportHandoff`) may replace the key lookup and follow the
+        message: `hooks.public_key_of(worker)` instead of `self.public_key_of` (it must read the
+        active key as exactly), `hooks.claimed(worker)` with the worker a message names as soon
+        as it is read (before it is validated or verified: to start reading its key), and
+        `hooks.checked(message)` once the message is known authentic, before it is applied."""
         try:
             message = decode(
                 envelope,
-                public_key_of or self.public_key_of,
+                hooks.public_key_of if hooks is not None else self.public_key_of,
                 allow_unsigned=self.settings.allow_unsigned,
                 max_bytes=self.settings.max_message_bytes,
+                claimed=hooks.claimed if hooks is not None else None,
             )
         except Rejected as rejected:
             self.dead_letter(rejected)
             return rejected
-        if on_checked is not None:
-            on_checked(message)
+        if hooks is not None:
+            hooks.checked(message)
         return self.apply(message)
 
     def apply(self, message: Heartbeat | Report | UnchangedReport):

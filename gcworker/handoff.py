@@ -183,28 +183,45 @@ def _head_statement():
 
 class KeyAndHead:
     """The decoder's `public_key_of` for a report task: the worker's active key and its `Head`,
-    in one statement (PostgreSQL; elsewhere the key alone).
+    in one statement (PostgreSQL; elsewhere the key alone), which `prefetch` starts in the
+    background as soon as the message names its worker, while the message is validated.
 
-    The head is read before the report is applied, so it says nothing of what the report itself
-    changes; it serves only after a report that changed nothing (the fast path), to refresh the
-    stored snapshot with no statement of its own. It is exact on its own terms whatever happened
-    since: the refresh applies only over handles read at that generation, and its version, the
-    statement's start, is earlier than the report (its `as_of` still moves at every report)."""
+    The key is the one active when the statement runs, after the message arrived: as exact as
+    `ControlPlane.public_key_of`. The head is read before the report is applied, so it says
+    nothing of what the report itself changes; it serves to refresh the stored snapshot, which
+    is exact on its own terms whatever happens next: the refresh applies only over handles read
+    at that generation, and its version, the statement's start, is earlier than the report (the
+    snapshot's `as_of` still moves at every report)."""
 
     def __init__(self, db: Database):
         self.db = db
         self.head: Head | None = None
+        self._prefetched: tuple[str, Future] | None = None
+
+    def prefetch(self, worker: str) -> None:
+        if self.db.is_postgresql and len(worker) <= 200:
+            self._prefetched = (worker, _background().submit(self._read, worker))
 
     def __call__(self, worker: str) -> str | None:
+        if self._prefetched is not None and self._prefetched[0] == worker:
+            key, self.head = self._prefetched[1].result()
+        else:
+            key, self.head = self._read(worker)
+        self._prefetched = None
+        return key
+
+    def _read(self, worker: str) -> tuple[str | None, Head | None]:
         if not self.db.is_postgresql:
             with self.db.transaction() as conn:
-                return conn.execute(active_key_statement(), {"p_worker": worker}).scalar()
+                return conn.execute(active_key_statement(), {"p_worker": worker}).scalar(), None
         row = execute_one(
             self.db, _key_and_head_statement(), {"p_name": worker}, prepared="gcworker_key_head"
         )
-        if row.generation is not None:
-            self.head = Head(worker, version_of(self.db.clock(row.clock_now)), row.generation)
-        return row.public_key
+        if row.generation is None:
+            return row.public_key, None
+        return row.public_key, Head(
+            worker, version_of(self.db.clock(row.clock_now)), row.generation
+        )
 
 
 @functools.cache
@@ -325,10 +342,12 @@ class ReportHandoff:
     """The hand-off of one report task (`tasks.reconcile.reconcile_report`), in as few round
     trips as possible:
 
-    - the report's key is read with the worker's `Head` (`KeyAndHead`, one statement);
-    - once the report is known authentic, the stored snapshot is refreshed from that head in a
-      background thread of this process, while the report is applied: the refresh is exact on
-      its own terms whatever the report then does (`KeyAndHead`);
+    - the report's key is read with the worker's `Head` (`KeyAndHead`, one statement), in a
+      background thread of this process from the moment the message names its worker, while
+      the message is validated;
+    - once the report is known authentic, the stored snapshot is refreshed from that head in
+      that thread, while the report is applied: the refresh is exact on its own terms whatever
+      the report then does (`KeyAndHead`);
     - after a report that changed nothing (the fast path) and a refresh that applied (or found a
       newer snapshot), that is all; otherwise `publish_snapshot` reads a head after the report
       and refreshes or publishes in full, as for any report.
@@ -342,6 +361,9 @@ class ReportHandoff:
 
     def public_key_of(self, worker: str) -> str | None:
         return self.lookup(worker)
+
+    def claimed(self, worker: str) -> None:
+        self.lookup.prefetch(worker)
 
     def checked(self, message) -> None:
         head = self.lookup.head

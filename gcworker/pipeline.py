@@ -22,16 +22,15 @@ from gcworker.reconcile import HeartbeatResult, ReportResult
 log = logging.getLogger(__name__)
 
 
-def receive(plane, envelope, *, task: str, public_key_of=None, on_checked=None):
+def receive(plane, envelope, *, task: str, hooks=None):
     """Decode, check and apply one message envelope as it came off the broker.
 
     A rejected message (malformed, oversized, unsigned, wrongly signed...) changes nothing but
     the dead-letter list; it is counted and returned, never raised, so that the broker's message
-    is acknowledged and never redelivered forever. `public_key_of`, `on_checked`: see
-    `ControlPlane.receive`.
+    is acknowledged and never redelivered forever. `hooks`: see `ControlPlane.receive`.
     """
     started = time.perf_counter()
-    result = plane.receive(envelope, public_key_of, on_checked)
+    result = plane.receive(envelope, hooks)
     if isinstance(result, Rejected):
         metrics.MESSAGES_REJECTED.labels(task).inc()
         if task == "report":

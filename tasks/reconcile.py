@@ -113,16 +113,11 @@ def reconcile_report(envelope=None, *_args, **_kwargs):
     from gcworker.handoff import ReportHandoff
 
     plane = control_plane()
-    # The key is read with the worker's head; the stored snapshot is refreshed from that head
-    # while the report is applied; only a report that changed something costs more.
+    # The key is read with the worker's head while the message is validated; the stored
+    # snapshot is refreshed from that head while the report is applied; only a report that
+    # changed something costs more (`gcworker.handoff.ReportHandoff`).
     handoff = ReportHandoff(plane.db, board())
-    result = pipeline.receive(
-        plane,
-        envelope,
-        task="report",
-        public_key_of=handoff.public_key_of,
-        on_checked=handoff.checked,
-    )
+    result = pipeline.receive(plane, envelope, task="report", hooks=handoff)
     if isinstance(result, ReportResult):
         if result.outcome is ReportOutcome.FULL_REPORT_NEEDED:
             board().want_full_report(result.worker)

@@ -238,7 +238,7 @@ def test_the_report_tasks_hand_off_refreshes_while_the_report_is_applied(
         message = Report(
             worker="w1", incarnation=1, seq=worker.next_seq(), containers=containers, volumes=[]
         )
-        result = plane.receive(encode(message, key), handoff.public_key_of, handoff.checked)
+        result = plane.receive(encode(message, key), handoff)
         return result, handoff.finish(result)
 
     result, published = send(["c-gone"])
@@ -257,3 +257,30 @@ def test_the_report_tasks_hand_off_refreshes_while_the_report_is_applied(
     assert not result.fast_path
     assert isinstance(published, Snapshot)
     assert sorted(board.feedback("w1").destroying["container"]) == ["c-gone", "c-unknown"]
+
+
+def test_the_key_is_read_ahead_only_for_the_worker_a_signed_message_names(plane, db, make_worker):
+    from gcworker.codec import decode, encode
+    from gcworker.messages import Heartbeat
+    from gcworker.signing import generate_private_key, public_key_text
+
+    key = generate_private_key()
+    plane.register_key("w1", public_key_text(key))
+    claims: list[str] = []
+    message = Heartbeat(worker="w1", incarnation=1, seq=1)
+    lookup = KeyAndHead(db)
+
+    def claimed(worker):
+        claims.append(worker)
+        lookup.prefetch(worker)
+
+    assert decode(encode(message, key), lookup, claimed=claimed) == message
+    assert claims == ["w1"]
+    decode(encode(message, None), lookup, allow_unsigned=True, claimed=claims.append)
+    assert claims == ["w1"]  # an unsigned message has no key to read
+
+    lookup.prefetch("w2")  # read ahead for another name: never used for w1
+    assert lookup("w1") == public_key_text(key)
+    plane.revoke_key("w1")
+    lookup.prefetch("w1")  # read after the revocation committed: nothing verifies
+    assert lookup("w1") is None
