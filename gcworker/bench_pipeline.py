@@ -4,7 +4,8 @@ A Celery worker of the control plane's own app (`tasks.app`, the `reports` queue
 options: JSON, late acknowledgement, one message reserved per process) is started as a child
 process on the benchmark's scratch schema and a Redis namespace of its own, with the no-op task
 of `gcworker.bench_noop` loaded beside the report task. For each payload size N, the same signed
-report envelopes of N handles are published as fast as one process can, once to the no-op task
+report envelopes of N handles are published as fast as one process can (as a reporter publishes
+them: `gcworker.broker.publish`, with its one-line `argsrepr`), once to the no-op task
 and once to the report task (steady full reports of a fleet of workers, each already known to
 the control plane), alternately, twice; the rate is messages / (first publish to the queue
 drained and every message acknowledged). Also measured: the bytes a report and a compact report
