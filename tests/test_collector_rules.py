@@ -7,8 +7,10 @@ import pytest
 from sqlalchemy import select
 
 from gcworker.control_plane import ControlPlane
+from gcworker.db.inventory import ContainerRepository, Deletion
 from gcworker.db.tables import audit_events
-from gcworker.gc.missing import batches
+from gcworker.gc.context import CollectionContext
+from gcworker.gc.missing import MissingRowCollector, batches, worker_batches
 from gcworker.rules import HeartbeatOutcome
 from gcworker.settings import load_settings
 from tests.conftest import FakeWorker, created, states
@@ -371,7 +373,7 @@ def test_rule13_a_batch_of_deletions_is_one_audit_row_per_worker_and_reason_with
     assert summary.counts == {"containers deleted": 6}
     with db.transaction() as conn:
         rows = conn.execute(select(audit_events).order_by(audit_events.c.id)).all()
-    # Batches of 3: a's first three rows, then a's last row with b's two: one row per worker.
+    # Batches of 3: a (4 rows) in two batches of its own, oldest marks first, then b's two.
     assert sorted((r.worker_name, r.subject, sorted(r.subjects)) for r in rows) == [
         ("a", None, ["a1", "a2", "a3"]),
         ("a", None, ["a4"]),
@@ -422,3 +424,66 @@ def test_rule4_batches_hold_at_most_the_batch_size_and_split_a_worker_where_need
     assert batches(groups, 3) == [[("a", [1, 2, 3])], [("a", [4]), ("b", [5, 6])], [("c", [7])]]
     assert batches(groups, 10) == [groups]
     assert batches([], 3) == []
+
+
+def test_rule4_whole_workers_are_batched_by_their_counts_and_a_larger_worker_split_alone():
+    counts = [("a", 2), ("b", 1), ("c", 7), ("d", 3), ("e", 1)]
+
+    assert worker_batches(counts, 3) == [
+        [("a", None), ("b", None)],
+        [("c", 3)],
+        [("c", 3)],
+        [("c", 3)],
+        [("d", None)],
+        [("e", None)],
+    ]
+    assert worker_batches(counts, 20) == [[(w, None) for w, _ in counts]]
+    assert worker_batches([], 3) == []
+
+
+def test_rule4_a_worker_with_more_candidates_than_a_batch_loses_its_oldest_marks_first(
+    settings, db, advance
+):
+    plane = ControlPlane(load_settings(database_url=settings.database_url, delete_batch_size=2), db)
+    w = FakeWorker(plane, "w1")
+    w.heartbeat()
+    created(plane, "w1", "new1", "old1", "old2", "kept")
+    w.report(containers=["new1", "kept"])  # old1, old2 marked first
+    advance(seconds=30)
+    w.report(containers=["kept"])  # new1 marked later
+    advance(minutes=6)
+    w.heartbeat()
+    w.report(containers=["kept"])
+
+    summary = plane.collect()
+
+    assert states(plane) == {"kept": ("created", False)}
+    assert summary.counts == {"containers deleted": 3}
+    with db.transaction() as conn:
+        rows = conn.execute(select(audit_events).order_by(audit_events.c.id)).all()
+    assert [sorted(r.subjects) for r in rows] == [["old1", "old2"], ["new1"]]
+
+
+def test_rule4_a_batch_never_deletes_a_row_marked_after_the_plans_cutoff(
+    plane, db, make_worker, advance
+):
+    w = make_worker()
+    created(plane, "w1", "early", "late")
+    w.report(containers=["late"])
+    advance(seconds=30)
+    w.report()
+    advance(minutes=6)
+    w.heartbeat()
+    w.report()
+    marks = {c["handle"]: c["missing_since"] for c in plane.containers()}
+    assert marks["early"] < marks["late"]
+
+    # Both qualify under the lock now, but the plan counted the worker's rows up to `early`.
+    with db.engine.connect() as conn:
+        ctx = CollectionContext(db, plane.settings, conn)
+        MissingRowCollector._delete_batch(
+            ctx, ContainerRepository(db), [Deletion("w1", marks["early"])]
+        )
+
+    assert states(plane) == {"late": ("created", True)}
+    assert [ev["subject"] for ev in plane.events() if ev["action"] == "delete"] == ["early"]

@@ -53,6 +53,28 @@ def test_volumes_a_missing_parents_deletion_takes_its_descendants_rows_rule4(
     }
 
 
+def test_volumes_a_missing_parent_and_its_missing_child_are_each_deleted_once_rule4_rule13(
+    plane, make_worker, advance
+):
+    w = make_worker()
+    volume(plane, "w1", "root")
+    volume(plane, "w1", "child", parent="root")
+    volume(plane, "w1", "grandchild", parent="child")
+    volume(plane, "w1", "other")
+    confirm_missing_after_grace(plane, w, advance, volumes=["grandchild", "other"])
+
+    summary = plane.collect()
+
+    assert states(plane, "volume") == {"other": ("created", False)}
+    assert summary.counts == {"volumes deleted": 3}
+    deleted = [(e["subject"], e["reason"]) for e in plane.events() if e["action"] == "delete"]
+    assert sorted(handle for handle, _ in deleted) == ["child", "grandchild", "root"]
+    reasons = dict(deleted)
+    assert "missing for at least" in reasons["root"]
+    assert "missing for at least" in reasons["child"]
+    assert reasons["grandchild"] == "descendant of a missing volume"
+
+
 def test_volumes_a_missing_child_is_deleted_without_its_parent_rule4(plane, make_worker, advance):
     w = make_worker()
     volume(plane, "w1", "root")

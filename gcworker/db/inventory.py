@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import (
@@ -18,13 +19,14 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
-    case,
     cast,
     column,
     delete,
     func,
     literal,
+    literal_column,
     select,
+    text,
     true,
     union_all,
     update,
@@ -33,8 +35,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from gcworker.db.database import Database
-from gcworker.db.tables import INVENTORY_TABLES, containers, volumes, workers
-from gcworker.rules import WorkerRows
+from gcworker.db.tables import INVENTORY_TABLES, ORPHANED, containers, volumes, workers
+from gcworker.rules import WorkerRows, deletion_cutoff
 
 # From this many handles on, a statement on a worker's rows also names the worker (see
 # `InventoryRepository._by_handles`).
@@ -255,22 +257,23 @@ class InventoryRepository:
     def fail_stuck_creating(
         self, conn: Connection, cutoff: datetime, now: datetime
     ) -> list[tuple[str, str]]:
-        """Rule 10, first half: a creating row older than the creating-timeout becomes failed."""
+        """Rule 10, first half: a creating row older than the creating-timeout becomes failed
+        (read from `ix_<kind>_creating`: the few rows in creating)."""
         t = self.table
         result = conn.execute(
             update(t)
-            .where(t.c.state == "creating", t.c.state_changed_at <= cutoff)
+            .where(_in_state(t, "creating"), t.c.state_changed_at <= cutoff)
             .values(state="failed", state_changed_at=now)
             .returning(t.c.handle, t.c.worker_name)
         )
         return sorted(result.all())
 
     def destroy_failed(self, conn: Connection, now: datetime) -> list[tuple[str, str]]:
-        """Rule 10, second half: a failed row goes to destroying."""
+        """Rule 10, second half: a failed row goes to destroying (from `ix_<kind>_failed`)."""
         t = self.table
         result = conn.execute(
             update(t)
-            .where(t.c.state == "failed", *self._may_destroy())
+            .where(_in_state(t, "failed"), *self._may_destroy())
             .values(state="destroying", state_changed_at=now)
             .returning(t.c.handle, t.c.worker_name)
         )
@@ -299,38 +302,102 @@ class InventoryRepository:
                 t.c.missing_since <= now - grace,
                 # `missing_since + grace <= last_report_at`, written so that it is no index
                 # condition: PostgreSQL then reads the candidates once and joins the few
-                # workers, rather than scanning the index on missing_since once per worker.
+                # workers, rather than scanning the index once per worker.
                 self.db.minus(t.c.missing_since, -grace) <= workers.c.last_report_at,
             )
         )
 
-    def delete_missing(
-        self, conn: Connection, worker: str, ids: list[int], cutoff: datetime
-    ) -> list[tuple[str, str]]:
-        """Rule 4: delete these rows of `worker` if they are still missing since `cutoff` or
-        earlier. Returns (handle, reason) for every deleted row."""
+    def _deletable_counts(self, now: datetime, grace: timedelta):
+        """Rule 4's candidates of this kind counted per running worker: (kind, worker,
+        count, last_report_at). A worker's candidates are one range of
+        `ix_<kind>_worker_missing_since` (its rows marked at or before its cutoff, `min(now,
+        last_report_at) - grace`), counted from the index alone. A mark is only ever made on a
+        created row (ck_<kind>_missing_only_created), so the state needs no reading."""
         t = self.table
+        return (
+            select(
+                literal(self.kind).label("kind"),
+                t.c.worker_name,
+                func.count().label("count"),
+                workers.c.last_report_at,
+            )
+            .join(workers, workers.c.name == t.c.worker_name)
+            .where(
+                workers.c.state == "running",
+                t.c.missing_since.is_not(None),
+                t.c.missing_since <= now - grace,
+                t.c.missing_since <= self.db.minus(workers.c.last_report_at, grace),
+            )
+            .group_by(t.c.worker_name, workers.c.last_report_at)
+        )
+
+    def delete_missing(
+        self, conn: Connection, deletion: Deletion, cutoff: datetime
+    ) -> list[tuple[str, str]]:
+        """Rule 4: delete the rows of `deletion` (its ids, or its worker's rows) that are still
+        missing since `cutoff` or earlier. Returns (handle, reason) for every deleted row."""
+        t = self.table
+        ids = self._ids(conn, deletion, cutoff)
         statement = (
             delete(t)
-            .where(*self._missing_before(worker, ids, cutoff))
+            .where(*self._missing_before(deletion.worker, ids, cutoff))
             .returning(t.c.handle, literal("missing").label("reason"))
         )
         return sorted(conn.execute(statement).all())
 
-    def delete_missing_statement(self, cutoffs: dict[str, datetime], ids: list[int]):
-        """`delete_missing` for the rows `ids` of several workers in one statement (PostgreSQL),
-        each worker's with its own cutoff, returning (handle, worker_name, reason), so that the
+    def _ids(self, conn: Connection, deletion: Deletion, cutoff: datetime) -> list[int]:
+        """The ids of a deletion: its own, or its worker's rows marked at or before `cutoff`
+        (the oldest marks first, at most its limit)."""
+        if deletion.ids is not None:
+            return list(deletion.ids)
+        t = self.table
+        query = (
+            select(t.c.id)
+            .where(t.c.worker_name == deletion.worker, *_marked_by(t, cutoff))
+            .order_by(t.c.missing_since, t.c.id)
+            .limit(deletion.limit)
+        )
+        return list(conn.execute(query).scalars())
+
+    def delete_missing_statement(self, deletions: list[Deletion], cutoffs: dict[str, datetime]):
+        """`delete_missing` for the deletions of a batch in one statement (PostgreSQL), each
+        worker's with its own cutoff, returning (handle, worker_name, reason), so that the
         audit can be written from it in the same statement (`AuditRepository.record_returned`).
         """
         t = self.table
         return (
             delete(t)
-            .where(*self._missing_before_cutoffs(cutoffs, ids))
+            .where(*self._missing_rows(deletions, cutoffs))
             .returning(t.c.handle, t.c.worker_name, literal("missing").label("reason"))
         )
 
-    def _missing_before_cutoffs(self, cutoffs: dict[str, datetime], ids: list[int]) -> tuple:
-        """`_missing_before` for several workers: a (worker, cutoff) rowset joined (PostgreSQL)."""
+    def _missing_rows(self, deletions: list[Deletion], cutoffs: dict[str, datetime]) -> tuple:
+        """The conditions of a batch's rows (PostgreSQL), in the shape of the unbatched DELETE
+        (a range of `ix_<kind>_worker_missing_since` per worker), whatever the batch holds:
+        whole workers' candidates; the oldest `limit` of one worker's; or (over the cap) ids."""
+        t = self.table
+        if any(d.ids is not None for d in deletions):
+            ids = [id_ for d in deletions for id_ in d.ids or ()]
+            return (self.db.member_of(t.c.id, ids), *self._by_worker_cutoffs(cutoffs))
+        if len(deletions) == 1:
+            (deletion,) = deletions
+            worker, cutoff = deletion.worker, cutoffs[deletion.worker]
+            mine = (t.c.worker_name == worker, t.c.state == "created", *_marked_by(t, cutoff))
+            if deletion.limit is None:
+                return mine
+            inner = t.alias("candidate")
+            oldest = (
+                select(inner.c.id)
+                .where(inner.c.worker_name == worker, *_marked_by(inner, cutoff))
+                .order_by(inner.c.missing_since, inner.c.id)
+                .limit(deletion.limit)
+            )
+            return (t.c.id.in_(oldest), *mine)
+        return self._by_worker_cutoffs(cutoffs)
+
+    def _by_worker_cutoffs(self, cutoffs: dict[str, datetime]) -> tuple:
+        """Rows of several workers, each marked at or before its own cutoff: a (worker, cutoff)
+        rowset joined (PostgreSQL)."""
         t = self.table
         names = sorted(cutoffs)
         allowed = (
@@ -349,7 +416,6 @@ class InventoryRepository:
             .render_derived()
         )
         return (
-            self.db.member_of(t.c.id, ids),
             t.c.worker_name == allowed.c.worker_name,
             t.c.state == "created",
             t.c.missing_since.is_not(None),
@@ -362,8 +428,7 @@ class InventoryRepository:
             self.db.member_of(t.c.id, ids),
             t.c.worker_name == worker,
             t.c.state == "created",
-            t.c.missing_since.is_not(None),
-            t.c.missing_since <= cutoff,
+            *_marked_by(t, cutoff),
         )
 
     def clear_every_mark(self, conn: Connection) -> int:
@@ -378,6 +443,41 @@ class InventoryRepository:
         return conn.execute(
             select(func.count()).select_from(t).where(t.c.missing_since.is_not(None))
         ).scalar_one()
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """What a batch deletes of one worker's rule-4 candidates of one kind: every row marked at
+    or before its cutoff (at most `limit` of them, the oldest marks, when the worker has more
+    candidates than a batch holds), or the rows `ids` (over the deletion cap). `cutoff` is the
+    plan's: a batch never deletes a row marked later, whatever it reads under the lock."""
+
+    worker: str
+    cutoff: datetime | None = None
+    ids: tuple[int, ...] | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One worker's rule-4 candidates of one kind, as planned: how many, and either the cutoff
+    they were counted with (within the cap: all go) or their ids (the oldest, over the cap)."""
+
+    kind: str
+    worker: str
+    count: int
+    cutoff: datetime | None = None
+    ids: tuple[int, ...] | None = None
+
+
+def _marked_by(t, cutoff: datetime) -> tuple:
+    return (t.c.missing_since.is_not(None), t.c.missing_since <= cutoff)
+
+
+def _in_state(t, state: str):
+    """`state = '<state>'` with the state inline, as the partial indexes on it are written, so
+    that both backends prove the index usable."""
+    return t.c.state == literal_column(f"'{state}'", t.c.state.type)
 
 
 def handles_by_kind(
@@ -412,34 +512,55 @@ def _handles_statement(postgresql: bool, kinds: tuple[str, ...]):
     return union_all(*parts)
 
 
+def deletion_plan(
+    conn: Connection,
+    repos: Iterable[InventoryRepository],
+    now: datetime,
+    grace: timedelta,
+    cap: int,
+) -> tuple[list[Candidates], bool]:
+    """Rule 4's plan: each running worker's candidates of every kind, and whether more than
+    `cap` were waiting. Within the cap (the usual case) every candidate goes: the plan is their
+    count per (kind, worker), read from the indexes alone, with the cutoff it was counted with,
+    and a batch deletes a worker's rows by (worker, cutoff) as the unbatched DELETE would. Over
+    the cap: the oldest `cap` marks across kinds and workers, by id."""
+    repos = list(repos)
+    counts = conn.execute(union_all(*(repo._deletable_counts(now, grace) for repo in repos)))
+    plan = sorted(
+        (
+            Candidates(kind, worker, count, deletion_cutoff(now, last_report_at, grace))
+            for kind, worker, count, last_report_at in counts
+        ),
+        key=lambda c: (c.kind, c.worker),
+    )
+    if sum(c.count for c in plan) <= cap:
+        return plan, False
+    return [
+        Candidates(kind, worker, len(ids), ids=tuple(ids))
+        for kind, worker, ids in oldest_deletable(conn, repos, now, grace, cap)
+    ], True
+
+
 def oldest_deletable(
     conn: Connection,
     repos: Iterable[InventoryRepository],
     now: datetime,
     grace: timedelta,
     cap: int,
-) -> tuple[list[tuple[str, str, list[int]]], bool]:
-    """Rule 4's candidates of every kind, the oldest marks first across kinds and workers, at
-    most `cap`: (kind, worker, ids) groups, and whether more were waiting. Grouped by the
-    database: the ids come back joined, a row per group, not a row per candidate."""
+) -> list[tuple[str, str, list[int]]]:
+    """Rule 4's `cap` oldest candidates across kinds and workers: (kind, worker, ids) groups.
+    Grouped by the database: the ids come back joined, a row per group, not a row per
+    candidate."""
     repos = list(repos)
-    db = repos[0].db
     candidates = union_all(*(repo._deletable(now, grace) for repo in repos)).subquery()
     c = candidates.c
-    # Within the cap (the usual case) every candidate goes, and their order does not matter:
-    # one statement reads at most cap + 1 of them, in no order, and sorts nothing.
-    some = select(c.kind, c.worker_name, c.id).limit(cap + 1).subquery()
-    groups = _grouped_ids(conn, db, some)
-    if sum(len(ids) for _, _, ids in groups) <= cap:
-        return groups, False
-    # More than the cap: the oldest across kinds (bounded by the cap as well).
     oldest = (
         select(c.kind, c.worker_name, c.id)
         .order_by(c.missing_since, c.kind, c.worker_name, c.id)
         .limit(cap)
         .subquery()
     )
-    return _grouped_ids(conn, db, oldest), True
+    return _grouped_ids(conn, repos[0].db, oldest)
 
 
 def lock_deleting_workers(
@@ -525,25 +646,22 @@ class VolumeRepository(InventoryRepository):
         return (~select(child.c.id).where(child.c.parent_id == volumes.c.id).exists(),)
 
     def destroy_orphaned(self, conn: Connection, now: datetime) -> list[tuple[str, str]]:
-        """A volume made for a container whose row is gone goes to destroying."""
+        """A volume made for a container whose row is gone goes to destroying (read from
+        `ix_volumes_orphaned`, whose condition this is, word for word)."""
         result = conn.execute(
             update(volumes)
-            .where(
-                volumes.c.container_owned.is_(True),
-                volumes.c.container_id.is_(None),
-                volumes.c.state == "created",
-                *self._may_destroy(),
-            )
+            .where(text(ORPHANED), *self._may_destroy())
             .values(state="destroying", state_changed_at=now, missing_since=None)
             .returning(volumes.c.handle, volumes.c.worker_name)
         )
         return sorted(result.all())
 
     def delete_missing(
-        self, conn: Connection, worker: str, ids: list[int], cutoff: datetime
+        self, conn: Connection, deletion: Deletion, cutoff: datetime
     ) -> list[tuple[str, str]]:
         """Rule 4 for volumes: a missing volume's copy-on-write descendants go with it."""
-        subtree = self._missing_subtree(worker, ids, cutoff)
+        ids = self._ids(conn, deletion, cutoff)
+        subtree = self._missing_subtree(deletion.worker, ids, cutoff)
         # Read the subtree before deleting it: SQLite evaluates the CTE while it deletes, and the
         # foreign-key cascade removes descendants unseen by RETURNING (and so unaudited).
         result = conn.execute(
@@ -557,24 +675,52 @@ class VolumeRepository(InventoryRepository):
         )
 
     def _missing_subtree(self, worker: str, ids: list[int], cutoff: datetime):
-        return self._subtree(self._missing_before(worker, ids, cutoff))
-
-    @staticmethod
-    def _subtree(roots: tuple):
-        subtree = select(volumes.c.id).where(*roots).cte("subtree", recursive=True)
+        subtree = (
+            select(volumes.c.id)
+            .where(*self._missing_before(worker, ids, cutoff))
+            .cte("subtree", recursive=True)
+        )
         child = volumes.alias("child")
         return subtree.union(select(child.c.id).where(child.c.parent_id == subtree.c.id))
 
-    def delete_missing_statement(self, cutoffs: dict[str, datetime], ids: list[int]):
-        """`delete_missing` in one statement, for PostgreSQL: the subtree is read before the
-        statement deletes, and the cascade runs after it, so RETURNING sees every row."""
-        subtree = self._subtree(self._missing_before_cutoffs(cutoffs, ids))
-        reason = case(
-            (self.db.member_of(volumes.c.id, ids), literal("missing")),
-            else_=literal("descendant of a missing volume"),
-        )
-        return (
+    def delete_missing_statement(self, deletions: list[Deletion], cutoffs: dict[str, datetime]):
+        """`delete_missing` in one statement, for PostgreSQL: the missing volumes are deleted
+        as the unbatched DELETE would, and their descendants are found from the deleted rows
+        (RETURNING) alone and deleted by a second DELETE of the same statement, so that
+        RETURNING sees every row (the foreign-key cascade runs after the statement, and then
+        finds nothing left). Without descendants, that search is one probe of the parent index
+        per deleted volume."""
+        roots = (
             delete(volumes)
-            .where(volumes.c.id.in_(select(subtree.c.id)))
-            .returning(volumes.c.handle, volumes.c.worker_name, reason.label("reason"))
+            .where(*self._missing_rows(deletions, cutoffs))
+            .returning(volumes.c.id, volumes.c.handle, volumes.c.worker_name)
+            .cte("roots")
+        )
+        child = volumes.alias("child")
+        below = (
+            select(child.c.id)
+            .join(roots, child.c.parent_id == roots.c.id)
+            .cte("below", recursive=True)
+        )
+        grandchild = volumes.alias("grandchild")
+        below = below.union(
+            select(grandchild.c.id).join(below, grandchild.c.parent_id == below.c.id)
+        )
+        descendants = (
+            delete(volumes)
+            .where(
+                volumes.c.id.in_(select(below.c.id)),
+                # A descendant that is missing itself is among the roots, deleted once.
+                volumes.c.id.not_in(select(roots.c.id)),
+            )
+            .returning(volumes.c.handle, volumes.c.worker_name)
+            .cte("descendants")
+        )
+        return union_all(
+            select(roots.c.handle, roots.c.worker_name, literal("missing").label("reason")),
+            select(
+                descendants.c.handle,
+                descendants.c.worker_name,
+                literal("descendant of a missing volume").label("reason"),
+            ),
         )

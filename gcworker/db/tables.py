@@ -91,6 +91,7 @@ workers = Table(
 
 
 _DIFF_COLUMNS = ["state", "missing_since", "handle"]
+ORPHANED = "container_owned AND container_id IS NULL AND state = 'created'"
 
 
 def _inventory_schema(kind: str) -> list:
@@ -116,11 +117,24 @@ def _inventory_schema(kind: str) -> list:
         ),
         # Covers what a report's diff reads: a worker's rows come from the index alone.
         Index(f"ix_{kind}_worker_name", "worker_name", postgresql_include=_DIFF_COLUMNS),
+        # A worker's marked rows in mark order: the collector counts and deletes a worker's
+        # candidates (rule 4) from it alone (migration 0006).
         Index(
-            f"ix_{kind}_missing_since",
+            f"ix_{kind}_worker_missing_since",
+            "worker_name",
             "missing_since",
             postgresql_where=text("missing_since IS NOT NULL"),
             sqlite_where=text("missing_since IS NOT NULL"),
+        ),
+        # The few rows in creating or failed, for rule 10's statements (migration 0006).
+        *(
+            Index(
+                f"ix_{kind}_{state}",
+                "state_changed_at",
+                postgresql_where=text(f"state = '{state}'"),
+                sqlite_where=text(f"state = '{state}'"),
+            )
+            for state in ("creating", "failed")
         ),
     ]
 
@@ -143,6 +157,14 @@ volumes = Table(
     Column("container_owned", Boolean, nullable=False, server_default=text("false")),
     Index("ix_volumes_parent_id", "parent_id"),
     Index("ix_volumes_container_id", "container_id"),
+    # Container-owned volumes whose container's row is gone: the orphaned-volume collector's
+    # candidates, none most of the time (migration 0006).
+    Index(
+        "ix_volumes_orphaned",
+        "id",
+        postgresql_where=text(ORPHANED),
+        sqlite_where=text(ORPHANED),
+    ),
 )
 
 
