@@ -9,7 +9,7 @@ them: `gcworker.broker.publish`, with its one-line `argsrepr`), once to the no-o
 and once to the report task (steady full reports of a fleet of workers, each already known to
 the control plane), alternately, twice; the rate is messages / (first publish to the queue
 drained and every message acknowledged). Also measured: the bytes a report and a compact report
-take on the broker (the stored Celery message, headers and base64 body included).
+take on the broker (the stored Celery message, headers and body included).
 """
 
 from __future__ import annotations

@@ -42,8 +42,10 @@ def compact(worker: str = "w-0123456789abcdef") -> UnchangedReport:
     )
 
 
-def test_a_compact_report_is_under_1kb_on_the_broker(channel):
-    channel.send(compact())
+@pytest.mark.parametrize("worker", ["w1", "w" * 64])  # the shortest and longest names
+def test_a_compact_report_is_under_1kb_on_the_broker(channel, worker):
+    """As a reporter sends it: incarnation and sequence from the clock in nanoseconds, dated."""
+    channel.send(compact(worker))
     entry = stored(channel, "reports")
     assert len(entry) < 1024, entry
 
