@@ -688,8 +688,7 @@ class VolumeRepository(InventoryRepository):
         as the unbatched DELETE would, and their descendants are found from the deleted rows
         (RETURNING) alone and deleted by a second DELETE of the same statement, so that
         RETURNING sees every row (the foreign-key cascade runs after the statement, and then
-        finds nothing left). Without descendants, that search is one probe of the parent index
-        per deleted volume."""
+        finds nothing left)."""
         roots = (
             delete(volumes)
             .where(*self._missing_rows(deletions, cutoffs))
@@ -699,7 +698,9 @@ class VolumeRepository(InventoryRepository):
         child = volumes.alias("child")
         below = (
             select(child.c.id)
-            .join(roots, child.c.parent_id == roots.c.id)
+            # Children, matched to the roots by hash when there are few of them (as a fleet
+            # without copy-on-write volumes has: then nothing is probed per deleted volume).
+            .where(child.c.parent_id.is_not(None), child.c.parent_id.in_(select(roots.c.id)))
             .cte("below", recursive=True)
         )
         grandchild = volumes.alias("grandchild")
