@@ -71,6 +71,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -183,8 +184,10 @@ def _head_statement():
 
 class KeyAndHead:
     """The decoder's `public_key_of` for a report task: the worker's active key and its `Head`,
-    in one statement (PostgreSQL; elsewhere the key alone), which `prefetch` starts in the
-    background as soon as the message names its worker, while the message is validated.
+    in one statement (PostgreSQL; elsewhere the key alone), which `prefetch` sends as soon as
+    the message names its worker, so that its round trip runs while the message is validated:
+    on the process's `KeyReader` when it has one (an asynchronous connection: no thread),
+    otherwise in the hand-off's background thread.
 
     The key is the one active when the statement runs, after the message arrived: as exact as
     `ControlPlane.public_key_of`. The head is read before the report is applied, so it says
@@ -193,22 +196,45 @@ class KeyAndHead:
     at that generation, and its version, the statement's start, is earlier than the report (the
     snapshot's `as_of` still moves at every report)."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, reader: KeyReader | None = None):
         self.db = db
+        self.reader = reader
         self.head: Head | None = None
-        self._prefetched: tuple[str, Future] | None = None
+        self._prefetched: tuple[str, Future | None] | None = None
 
     def prefetch(self, worker: str) -> None:
-        if self.db.is_postgresql and len(worker) <= 200:
+        if not self.db.is_postgresql or len(worker) > 200:
+            return
+        if self.reader is not None:
+            try:
+                self.reader.send(worker)
+            except Exception as error:  # noqa: BLE001 - read again the ordinary way
+                self.reader.broken(error)
+                return
+            self._prefetched = (worker, None)
+        else:
             self._prefetched = (worker, _background().submit(self._read, worker))
 
     def __call__(self, worker: str) -> str | None:
-        if self._prefetched is not None and self._prefetched[0] == worker:
-            key, self.head = self._prefetched[1].result()
-        else:
-            key, self.head = self._read(worker)
-        self._prefetched = None
+        prefetched, self._prefetched = self._prefetched, None
+        answer = None
+        if prefetched is not None and prefetched[0] == worker:
+            if prefetched[1] is not None:
+                answer = prefetched[1].result()
+            else:
+                answer = self._received(worker)
+        if answer is None:
+            answer = self._read(worker)
+        key, self.head = answer
         return key
+
+    def _received(self, worker: str) -> tuple[str | None, Head | None] | None:
+        try:
+            row = self.reader.receive()
+        except Exception as error:  # noqa: BLE001 - read again the ordinary way
+            self.reader.broken(error)
+            return None
+        return self._answer(worker, row)
 
     def _read(self, worker: str) -> tuple[str | None, Head | None]:
         if not self.db.is_postgresql:
@@ -217,11 +243,92 @@ class KeyAndHead:
         row = execute_one(
             self.db, _key_and_head_statement(), {"p_name": worker}, prepared="gcworker_key_head"
         )
-        if row.generation is None:
-            return row.public_key, None
-        return row.public_key, Head(
-            worker, version_of(self.db.clock(row.clock_now)), row.generation
+        return self._answer(worker, row)
+
+    def _answer(self, worker: str, row) -> tuple[str | None, Head | None]:
+        public_key, generation, clock_now = row
+        if generation is None:
+            return public_key, None
+        return public_key, Head(worker, version_of(self.db.clock(clock_now)), generation)
+
+
+class KeyReader:
+    """A psycopg2 asynchronous connection of this process for the key-and-head statement: `send`
+    returns once the statement is sent, `receive` waits for its row. One statement at a time; a
+    row nobody asked for (its message was rejected first) is read and dropped by the next send.
+    A broken connection is closed, reopened at the next send, and meanwhile the statement runs
+    the ordinary way."""
+
+    TIMEOUT_S = 30.0
+
+    def __init__(self, db: Database):
+        self.db = db
+        self._conn = None
+        self._cursor = None
+        self._pid: int | None = None
+        self._pending = False
+
+    def send(self, worker: str) -> None:
+        if self._conn is None or self._pid != os.getpid():
+            self._open()
+        if self._pending:
+            self.receive()
+        self._cursor.execute("EXECUTE gcworker_key_head_async(%s)", (worker,))
+        self._pending = True
+
+    def receive(self):
+        self._wait()
+        self._pending = False
+        return self._cursor.fetchone()
+
+    def broken(self, error: Exception) -> None:
+        log.warning(
+            "key reader connection dropped: reading the ordinary way until it reopens",
+            extra={"error": f"{type(error).__name__}: {error}"},
         )
+        self.close()
+
+    def close(self) -> None:
+        conn, self._conn, self._cursor, self._pending = self._conn, None, None, False
+        if conn is not None and self._pid == os.getpid():
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001, S110 - closing a broken connection
+                pass
+
+    def _open(self) -> None:
+        import psycopg2
+
+        self._conn = None  # a connection inherited through fork is the parent's: never used
+        engine = self.db.engine
+        args, kwargs = engine.dialect.create_connect_args(engine.url)
+        conn = psycopg2.connect(*args, **kwargs, async_=1)
+        self._conn, self._pid, self._pending = conn, os.getpid(), False
+        self._wait()
+        self._cursor = conn.cursor()
+        text = str(_key_and_head_statement().compile(dialect=engine.dialect))
+        self._cursor.execute(
+            "PREPARE gcworker_key_head_async(text) AS " + text.replace("%(p_name)s", "$1")
+        )
+        self._wait()
+
+    def _wait(self) -> None:
+        import select
+
+        import psycopg2.extensions as ext
+
+        deadline = time.monotonic() + self.TIMEOUT_S
+        while True:
+            state = self._conn.poll()
+            if state == ext.POLL_OK:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no answer from the database")
+            if state == ext.POLL_READ:
+                select.select([self._conn.fileno()], [], [], left)
+            elif state == ext.POLL_WRITE:
+                select.select([], [self._conn.fileno()], [], left)
 
 
 @functools.cache
@@ -353,10 +460,10 @@ class ReportHandoff:
       and refreshes or publishes in full, as for any report.
     """
 
-    def __init__(self, db: Database, board: DestroyingBoard):
+    def __init__(self, db: Database, board: DestroyingBoard, reader: KeyReader | None = None):
         self.db = db
         self.board = board
-        self.lookup = KeyAndHead(db)
+        self.lookup = KeyAndHead(db, reader)
         self._refresh: Future | None = None
 
     def public_key_of(self, worker: str) -> str | None:

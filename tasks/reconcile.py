@@ -38,6 +38,7 @@ RETRY = {
 
 _plane = None
 _board = None
+_key_reader = None
 _health = None
 _self_check = None
 
@@ -59,6 +60,16 @@ def board():
 
         _board = DestroyingBoard.from_settings(settings)
     return _board
+
+
+def key_reader():
+    """The process's asynchronous connection for reading a report's key (PostgreSQL only)."""
+    global _key_reader
+    if _key_reader is None and control_plane().db.is_postgresql:
+        from gcworker.handoff import KeyReader
+
+        _key_reader = KeyReader(control_plane().db)
+    return _key_reader
 
 
 def health():
@@ -116,7 +127,7 @@ def reconcile_report(envelope=None, *_args, **_kwargs):
     # The key is read with the worker's head while the message is validated; the stored
     # snapshot is refreshed from that head while the report is applied; only a report that
     # changed something costs more (`gcworker.handoff.ReportHandoff`).
-    handoff = ReportHandoff(plane.db, board())
+    handoff = ReportHandoff(plane.db, board(), key_reader())
     result = pipeline.receive(plane, envelope, task="report", hooks=handoff)
     if isinstance(result, ReportResult):
         if result.outcome is ReportOutcome.FULL_REPORT_NEEDED:

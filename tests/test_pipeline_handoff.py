@@ -17,6 +17,7 @@ from gcworker.handoff import (
     DestroyingBoard,
     Head,
     KeyAndHead,
+    KeyReader,
     Snapshot,
     publish_snapshot,
     read_head,
@@ -284,3 +285,61 @@ def test_the_key_is_read_ahead_only_for_the_worker_a_signed_message_names(plane,
     plane.revoke_key("w1")
     lookup.prefetch("w1")  # read after the revocation committed: nothing verifies
     assert lookup("w1") is None
+
+
+@pytest.fixture
+def reader(db):
+    reader = KeyReader(db)
+    yield reader
+    reader.close()
+
+
+@pytest.mark.backends("postgresql")
+def test_the_key_reader_reads_ahead_without_the_engines(plane, db, make_worker, reader, statements):
+    make_worker("w1")
+    plane.register_key("w1", "a2V5")
+    generation = read_head(db, "w1").generation
+    statements.clear()
+    lookup = KeyAndHead(db, reader)
+    lookup.prefetch("w1")
+    assert lookup("w1") == "a2V5"
+    assert lookup.head.generation == generation
+    assert statements == []  # the asynchronous connection, not the pooled ones
+
+
+@pytest.mark.backends("postgresql")
+def test_an_answer_nobody_read_is_dropped_by_the_next_message(plane, db, make_worker, reader):
+    make_worker("w1")
+    make_worker("w2")
+    plane.register_key("w1", "a2V5MQ==")
+    plane.register_key("w2", "a2V5Mg==")
+    KeyAndHead(db, reader).prefetch("w1")  # its message is then rejected: never asked for
+    lookup = KeyAndHead(db, reader)
+    lookup.prefetch("w2")
+    assert lookup("w2") == "a2V5Mg=="
+    assert lookup.head.worker == "w2"
+
+
+@pytest.mark.backends("postgresql")
+def test_the_key_reader_sees_a_revocation_committed_before_the_message(plane, db, reader):
+    plane.register_key("w1", "a2V5")
+    lookup = KeyAndHead(db, reader)
+    lookup.prefetch("w1")
+    assert lookup("w1") == "a2V5"
+    plane.revoke_key("w1")
+    lookup = KeyAndHead(db, reader)
+    lookup.prefetch("w1")
+    assert lookup("w1") is None
+
+
+@pytest.mark.backends("postgresql")
+def test_a_broken_key_reader_falls_back_and_reopens(plane, db, reader):
+    plane.register_key("w1", "a2V5")
+    lookup = KeyAndHead(db, reader)
+    lookup.prefetch("w1")
+    reader._conn.close()  # the connection dies with an answer pending
+    assert lookup("w1") == "a2V5"  # read the ordinary way
+    lookup = KeyAndHead(db, reader)
+    lookup.prefetch("w1")  # a new connection
+    assert lookup("w1") == "a2V5"
+    assert reader._conn is not None and not reader._conn.closed
