@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 
 from gcworker.db.audit import AuditEntry, AuditRepository
 from gcworker.db.database import Database
@@ -184,25 +184,18 @@ class Reconciler:
         self, message: Report | UnchangedReport, digest: str
     ) -> ReportResult | None:
         """The fast path as one statement that is its own transaction (PostgreSQL): no lock
-        taken first, no row read. None when it does not apply (nothing was written then), or
-        when its connection was dead: the caller judges the report in a transaction."""
-        if self.db.autocommit_engine is None:
+        taken first, no row read. None when it does not apply (nothing was written then): the
+        caller judges the report in a transaction."""
+        if not self.db.is_postgresql:
             return None
-        try:
-            with self.db.autocommit() as conn:
-                now = self.workers.confirm_unchanged_report(
-                    conn,
-                    message.worker,
-                    incarnation=message.incarnation,
-                    seq=message.seq,
-                    digest=digest,
-                    worker_clock=message.clock,
-                    after=message.after,
-                )
-        except DBAPIError as error:
-            if not error.connection_invalidated:
-                raise
-            return None
+        now = self.workers.confirm_unchanged_report(
+            message.worker,
+            incarnation=message.incarnation,
+            seq=message.seq,
+            digest=digest,
+            worker_clock=message.clock,
+            after=message.after,
+        )
         if now is None:
             return None
         result = ReportResult(message.worker, ReportOutcome.ACCEPTED, fast_path=True)

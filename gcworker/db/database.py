@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -82,14 +83,16 @@ class Database:
     without sleeping. Nothing else sets it.
 
     On PostgreSQL a second engine, `autocommit_engine`, runs single statements that are their
-    own transaction (the unchanged report's one statement): no BEGIN and COMMIT round trips, and
-    no liveness ping at checkout; a caller falls back to `transaction()` when its connection
-    turns out dead (SQLAlchemy drops it from the pool then).
+    own transaction (`gcworker.db.oneshot`: the unchanged report's one statement, a key read): no
+    BEGIN and COMMIT round trips, and no liveness ping; a caller falls back to `transaction()`
+    when its connection turns out dead (SQLAlchemy drops it from the pool then).
     """
 
     engine: Engine
     offset: timedelta = field(default_factory=timedelta)
     autocommit_engine: Engine | None = field(default=None, init=False, repr=False)
+    _held: dict[threading.Thread, Connection] = field(default_factory=dict, init=False, repr=False)
+    _held_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.is_postgresql:
@@ -114,11 +117,28 @@ class Database:
 
     @contextlib.contextmanager
     def autocommit(self) -> Iterator[Connection]:
-        """A connection whose every statement commits on its own (PostgreSQL only)."""
+        """This thread's connection whose every statement commits on its own (PostgreSQL only),
+        held from one use to the next: a checkout from the pool costs about as much as a short
+        statement's round trip. Given back to the pool after an error, and once its thread is
+        gone (when another thread takes one)."""
         if self.autocommit_engine is None:
             raise RuntimeError("single-statement transactions are a PostgreSQL feature here")
-        with self.autocommit_engine.connect() as connection:
+        thread = threading.current_thread()
+        connection = self._held.get(thread) or self._hold(thread)
+        try:
             yield connection
+        except BaseException:
+            with self._held_lock:
+                self._held.pop(thread, None)
+            connection.close()
+            raise
+
+    def _hold(self, thread: threading.Thread) -> Connection:
+        with self._held_lock:
+            for gone in [other for other in self._held if not other.is_alive()]:
+                self._held.pop(gone).close()
+            connection = self._held[thread] = self.autocommit_engine.connect()
+            return connection
 
     def execute_prepared(self, connection: Connection, name: str, statement, params: dict):
         """Run `statement` as the server-side prepared statement `name` of this connection,
@@ -211,6 +231,10 @@ class Database:
         return func.gc_minus_seconds(timestamp, seconds, type_=timestamp.type)
 
     def dispose(self) -> None:
+        with self._held_lock:
+            held, self._held = list(self._held.values()), {}
+        for connection in held:
+            connection.close()
         self.engine.dispose()
         if self.autocommit_engine is not None:
             self.autocommit_engine.dispose()

@@ -1,8 +1,9 @@
-"""One read statement as its own transaction: the cheapest way to ask the database one thing.
+"""One statement as its own transaction: the cheapest way to ask or tell the database one thing.
 
-On PostgreSQL it runs on the database's autocommit engine when it has one (no BEGIN, no COMMIT,
-no liveness ping: one round trip), falling back to an ordinary transaction when that connection
-turns out dead (SQLAlchemy drops it from the pool then) or there is no such engine (SQLite).
+On PostgreSQL it runs on the database's autocommit engine, on the connection the thread holds
+there (no checkout, no BEGIN, no COMMIT, no liveness ping: one round trip), falling back to an
+ordinary transaction when that connection turns out dead (SQLAlchemy drops it from the pool
+then) or there is no such engine (SQLite).
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ def execute_one(db, statement, params: dict[str, Any], *, prepared: str | None =
     """The first row of `statement` (or None), read in a transaction of its own. `prepared`
     names it as a server-side prepared statement of each connection (`Database.execute_prepared`:
     parsed and planned once; only for a statement whose plan does not depend on its values)."""
-    engine = getattr(db, "autocommit_engine", None)
-    if engine is not None:
+    if db.autocommit_engine is not None:
         try:
-            with engine.connect() as conn:
-                if prepared and hasattr(db, "execute_prepared"):
+            with db.autocommit() as conn:
+                if prepared:
                     return db.execute_prepared(conn, prepared, statement, params).first()
                 return conn.execute(statement, params).first()
         except DBAPIError as error:

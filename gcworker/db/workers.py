@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Connection, bindparam, delete, func, or_, select, update
 
 from gcworker.db.database import Database, statement_clock
+from gcworker.db.oneshot import execute_one
 from gcworker.db.tables import containers, volumes, workers
 from gcworker.rules import WorkerView
 
@@ -164,7 +165,6 @@ class WorkerRepository:
 
     def confirm_unchanged_report(
         self,
-        conn: Connection,
         name: str,
         *,
         incarnation: int,
@@ -177,11 +177,11 @@ class WorkerRepository:
         digest, with nothing changed since, is recorded as `record_report` would record it
         after `judge_report` (rules 6, 7), `report_may_mark` (rule 2) and `report_is_unchanged`
         all said yes; rule 4's confirmation moves to `confirmation_time(report_built_at(now,
-        after), last_report_at)`. Returns the control plane's time, or None when any condition
-        fails: nothing was written, and the report needs the whole judgement."""
-        row = self.db.execute_prepared(
-            conn,
-            "gcworker_confirm_unchanged_report",
+        after), last_report_at)`. A transaction of its own (`execute_one`), so call it outside
+        any other. Returns the control plane's time, or None when any condition fails: nothing
+        was written, and the report needs the whole judgement."""
+        row = execute_one(
+            self.db,
             _confirm_unchanged_statement(),
             {
                 "p_name": name,
@@ -192,7 +192,8 @@ class WorkerRepository:
                 "p_after": after,
                 **self.db.clock_parameters(),
             },
-        ).first()
+            prepared="gcworker_confirm_unchanged_report",
+        )
         return None if row is None else row.now.astimezone(UTC)
 
     def bump_generation(self, conn: Connection, names) -> None:
