@@ -36,6 +36,7 @@ from gcworker.control_plane import ControlPlane
 from gcworker.db.audit import expand
 from gcworker.db.database import Database
 from gcworker.db.fence import collection_fence
+from gcworker.db.inventory import ContainerRepository, VolumeRepository
 from gcworker.db.migrate import upgrade
 from gcworker.db.tables import audit_events, containers, workers
 from gcworker.gc.collection import collect
@@ -51,12 +52,16 @@ def worker_row(plane: ControlPlane, name: str) -> dict | None:
 
 
 def rows(plane: ControlPlane, worker: str | None = None) -> dict:
-    """(kind, handle) -> (state, marked missing)."""
+    """(kind, handle) -> (state, marked missing), both kinds read from one snapshot (a report
+    committing between two reads would look half-applied)."""
     found = {}
-    for kind in ("container", "volume"):
-        listing = plane.containers(worker) if kind == "container" else plane.volumes(worker)
-        for r in listing:
-            found[(kind, r["handle"])] = (r["state"], r["missing_since"] is not None)
+    repos = (ContainerRepository(plane.db), VolumeRepository(plane.db))
+    with plane.db.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            for repo in repos:
+                for r in repo.list(conn, worker):
+                    found[(repo.kind, r["handle"])] = (r["state"], r["missing_since"] is not None)
     return found
 
 
