@@ -3,13 +3,14 @@ migrated with Alembic, and helpers that play workers and the scheduler."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 
 from gcworker.control_plane import ControlPlane
 from gcworker.db.database import Database
@@ -97,13 +98,19 @@ class FakeWorker:
 
     def heartbeat_message(self, **fields) -> Heartbeat:
         fields.setdefault("seq", self.next_seq())
-        return Heartbeat(worker=self.name, incarnation=self.incarnation,
-                         ephemeral=self.ephemeral, **fields)
+        return Heartbeat(
+            worker=self.name, incarnation=self.incarnation, ephemeral=self.ephemeral, **fields
+        )
 
     def report_message(self, containers=(), volumes=(), **fields) -> Report:
         fields.setdefault("seq", self.next_seq())
-        return Report(worker=self.name, incarnation=self.incarnation,
-                      containers=list(containers), volumes=list(volumes), **fields)
+        return Report(
+            worker=self.name,
+            incarnation=self.incarnation,
+            containers=list(containers),
+            volumes=list(volumes),
+            **fields,
+        )
 
     def heartbeat(self, **fields):
         return self.plane.reconciler.heartbeat(self.heartbeat_message(**fields))
@@ -154,3 +161,39 @@ def created(plane: ControlPlane, worker: str, *handles: str, kind: str = "contai
         else:
             plane.scheduler.create_volume(worker, handle)
             plane.scheduler.volume_created(handle)
+
+
+@contextlib.contextmanager
+def recorded_statements(db: Database, keep=lambda statement: True):
+    """The list of the statements run on the database (on both of its engines) while inside,
+    those that `keep(statement)` keeps."""
+    seen: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        if keep(statement):
+            seen.append(statement)
+
+    engines = [engine for engine in (db.engine, db.autocommit_engine) if engine is not None]
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", record)
+
+
+@pytest.fixture
+def board():
+    """A destroying board (`gcworker.handoff`) on the test Redis, in a namespace of its own."""
+    import redis
+
+    from gcworker.handoff import DestroyingBoard
+    from tests.pipeline_support import REDIS_URL
+
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    namespace = f"test-{uuid.uuid4().hex[:8]}"
+    yield DestroyingBoard(client, namespace)
+    for key in client.scan_iter(f"{namespace}:*"):
+        client.delete(key)
+    client.close()

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import event
 
 from gcworker.rules import ReportOutcome
-from tests.conftest import created, states
+from tests.conftest import created, recorded_statements, states
 from tests.rowwrites import install_row_write_counter
 
 
@@ -204,14 +204,12 @@ def test_a_report_listing_no_handle_of_a_kind_needs_no_read_and_applies_rules_1_
 def test_on_postgresql_the_fast_path_is_one_statement_and_no_transaction_around_it(
     db, plane, steady
 ):
-    statements, begins = [], []
-    for engine in (db.engine, db.autocommit_engine):
-        event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    begins = []
     event.listen(db.engine, "begin", lambda conn: begins.append(conn))  # a transaction's BEGIN
     report_again(steady)  # prepares the statement on this connection
 
-    statements.clear()
-    result = report_again(steady)
+    with recorded_statements(db) as statements:
+        result = report_again(steady)
 
     assert result.fast_path
     assert len(statements) == 1 and statements[0].startswith("EXECUTE")

@@ -7,26 +7,22 @@ read again, and every rule decides as on freshly read rows."""
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import event
 
 from gcworker.control_plane import ControlPlane
 from gcworker.rows_cache import WorkerRowsCache
 from gcworker.rules import WorkerRows
-from tests.conftest import created, states
+from tests.conftest import created, recorded_statements, states
 
 
 @pytest.fixture
 def rows_reads(db):
     """How many times the worker's handles were read (`handles_by_kind`) so far."""
-    reads = []
 
-    def count(_conn, _cursor, statement, *_args):
-        if "string_agg" in statement or "group_concat(containers.handle" in statement:
-            reads.append(statement)
+    def reads_handles(statement: str) -> bool:
+        return "string_agg" in statement or "group_concat(containers.handle" in statement
 
-    event.listen(db.engine, "before_cursor_execute", count)
-    yield lambda: len(reads)
-    event.remove(db.engine, "before_cursor_execute", count)
+    with recorded_statements(db, reads_handles) as reads:
+        yield lambda: len(reads)
 
 
 @pytest.fixture

@@ -4,17 +4,12 @@ older snapshot or version never replaces a newer one."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-import redis
-from sqlalchemy import event
 
 from gcworker.handoff import (
     FULL_NEEDED,
     NEWER_STORED,
     REFRESHED,
-    DestroyingBoard,
     Head,
     KeyAndHead,
     KeyReader,
@@ -22,37 +17,19 @@ from gcworker.handoff import (
     publish_snapshot,
     read_head,
 )
-from tests.conftest import created
-from tests.pipeline_support import REDIS_URL
-
-
-@pytest.fixture
-def board():
-    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    namespace = f"test-{uuid.uuid4().hex[:8]}"
-    yield DestroyingBoard(client, namespace)
-    for key in client.scan_iter(f"{namespace}:*"):
-        client.delete(key)
-    client.close()
+from tests.conftest import created, recorded_statements
 
 
 @pytest.fixture
 def inventory_reads(db):
     """The statements run on the database that read containers or volumes."""
-    seen: list[str] = []
 
-    def record(_conn, _cursor, statement, *_args):
+    def reads_inventory(statement: str) -> bool:
         lowered = statement.lower()
-        if "from containers" in lowered or "from volumes" in lowered:
-            seen.append(statement)
+        return "from containers" in lowered or "from volumes" in lowered
 
-    engines = [db.engine, getattr(db, "autocommit_engine", None)]
-    engines = [engine for engine in engines if engine is not None]
-    for engine in engines:
-        event.listen(engine, "before_cursor_execute", record)
-    yield seen
-    for engine in engines:
-        event.remove(engine, "before_cursor_execute", record)
+    with recorded_statements(db, reads_inventory) as seen:
+        yield seen
 
 
 def destroying(plane, worker, handle):
@@ -155,18 +132,8 @@ def test_an_unknown_worker_gets_an_empty_snapshot(db, board):
 @pytest.fixture
 def statements(db):
     """Every statement run on the database."""
-    seen: list[str] = []
-
-    def record(_conn, _cursor, statement, *_args):
-        seen.append(statement)
-
-    engines = [db.engine, getattr(db, "autocommit_engine", None)]
-    engines = [engine for engine in engines if engine is not None]
-    for engine in engines:
-        event.listen(engine, "before_cursor_execute", record)
-    yield seen
-    for engine in engines:
-        event.remove(engine, "before_cursor_execute", record)
+    with recorded_statements(db) as seen:
+        yield seen
 
 
 def test_the_key_lookup_reads_the_active_key_and_the_workers_head(plane, db, make_worker):

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-import redis
 
 from gcworker.delivery import InProcessChannel
-from gcworker.handoff import DestroyingBoard
 from gcworker.reporter import Reporter
 from gcworker.runtimes import RuntimeError_
 from gcworker.runtimes.dir import DirRuntime
 from gcworker.signing import generate_private_key, public_key_text
 from tests.conftest import states
-from tests.pipeline_support import REDIS_URL
 
 
 class RecordingChannel(InProcessChannel):
@@ -106,16 +101,6 @@ def test_a_failed_listing_sends_no_report(plane, reporting):
     reporter.runtime = Broken()
     assert reporter.report() is False
     assert channel.sent == ["heartbeat"]
-
-
-@pytest.fixture
-def board():
-    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    namespace = f"test-{uuid.uuid4().hex[:8]}"
-    yield DestroyingBoard(client, namespace)
-    for key in client.scan_iter(f"{namespace}:*"):
-        client.delete(key)
-    client.close()
 
 
 def test_a_full_report_request_is_read_once(board):
