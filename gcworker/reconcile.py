@@ -278,7 +278,7 @@ class Reconciler:
             )
         # Committed: the rows are now `rows_after`, at the generation record_report left.
         if rows_after is not None:
-            self.rows_cache.put(message.worker, worker.generation + rows_changed, rows_after)
+            self.rows_cache.put(message.worker, worker.generation + int(rows_changed), rows_after)
         elif not result.fast_path:
             self.rows_cache.forget(message.worker)
         return self._logged(result)

@@ -67,9 +67,7 @@ def test_rule4_a_dated_report_never_moves_an_earlier_confirmation_back(plane, ma
     assert states(plane) == {}
 
 
-def test_rule9_a_delayed_report_built_before_a_creation_confirms_no_destruction(
-    plane, make_worker
-):
+def test_rule9_a_delayed_report_built_before_a_creation_confirms_no_destruction(plane, make_worker):
     w = make_worker()
     plane.scheduler.create_container("w1", "c1")
     early = w.report_message(after=feedback_time(plane))  # built before c1 exists: lacks it
