@@ -7,11 +7,12 @@ either way (`expand`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, case, func, insert, literal, select
+from sqlalchemy import Connection, bindparam, case, func, insert, literal, select
 
 from gcworker.db.tables import audit_events
 
@@ -70,6 +71,7 @@ class AuditRepository:
         self,
         conn: Connection,
         changes,
+        params: dict,
         *,
         action: str,
         kind: str,
@@ -77,39 +79,15 @@ class AuditRepository:
         actor: str,
         now: datetime,
     ) -> list[tuple[str, int]]:
-        """Run `changes` (a DELETE or UPDATE ... RETURNING handle, worker_name, reason) and audit
-        what it returns in the same statement (PostgreSQL): one row per (worker, reason) holding
-        every handle, and no row travels to Python and back. `reasons` rewrites the returned
-        reasons. Returns (worker, number of rows changed) per audit row."""
-        changed = changes.cte("changed")
-        reason = (
-            case(reasons, value=changed.c.reason, else_=changed.c.reason)
-            if reasons
-            else changed.c.reason
-        )
-        handles = func.array_agg(changed.c.handle, type_=audit_events.c.subjects.type)
-        rows = (
-            select(
-                literal(now, audit_events.c.at.type),
-                literal(actor),
-                literal(action),
-                literal(kind),
-                handles,
-                changed.c.worker_name,
-                reason,
-                literal(False),
-            )
-            .select_from(changed)
-            .group_by(changed.c.worker_name, changed.c.reason)
-        )
-        columns = ["at", "actor", "action", "kind", "subjects", "worker_name", "reason", "dry_run"]
-        statement = (
-            insert(audit_events)
-            .from_select(columns, rows)
-            .add_cte(changed)
-            .returning(audit_events.c.worker_name, func.cardinality(audit_events.c.subjects))
-        )
-        return [(worker, count) for worker, count in conn.execute(statement)]
+        """Run `changes` (a DELETE or UPDATE ... RETURNING handle, worker_name, reason, with the
+        parameters `params`) and audit what it returns in the same statement (PostgreSQL): one
+        row per (worker, reason) holding every handle, and no row travels to Python and back.
+        `reasons` rewrites the returned reasons. Returns (worker, number of rows changed) per
+        audit row. The statement is built once per `changes` (a statement built once itself)
+        and audit columns: a batch only binds its values."""
+        statement = _returned_statement(changes, action, kind, tuple(reasons.items()), actor)
+        rows = conn.execute(statement, {**params, "p_audit_at": now})
+        return [(worker, count) for worker, count in rows]
 
     def list(self, conn: Connection, limit: int | None = None) -> list[dict]:
         """The newest `limit` entries first, a batch row expanded into one entry per handle."""
@@ -131,3 +109,36 @@ def expand(rows: Iterable) -> list[dict]:
         else:
             entries.extend({**entry, "subject": subject} for subject in sorted(subjects))
     return entries
+
+
+@functools.lru_cache(maxsize=64)
+def _returned_statement(changes, action: str, kind: str, reasons: tuple, actor: str):
+    """The statement of `AuditRepository.record_returned`, its time left to `p_audit_at`."""
+    changed = changes.cte("changed")
+    reason = (
+        case(dict(reasons), value=changed.c.reason, else_=changed.c.reason)
+        if reasons
+        else changed.c.reason
+    )
+    handles = func.array_agg(changed.c.handle, type_=audit_events.c.subjects.type)
+    rows = (
+        select(
+            bindparam("p_audit_at", type_=audit_events.c.at.type),
+            literal(actor),
+            literal(action),
+            literal(kind),
+            handles,
+            changed.c.worker_name,
+            reason,
+            literal(False),
+        )
+        .select_from(changed)
+        .group_by(changed.c.worker_name, changed.c.reason)
+    )
+    columns = ["at", "actor", "action", "kind", "subjects", "worker_name", "reason", "dry_run"]
+    return (
+        insert(audit_events)
+        .from_select(columns, rows)
+        .add_cte(changed)
+        .returning(audit_events.c.worker_name, func.cardinality(audit_events.c.subjects))
+    )

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import (
     Connection,
     DateTime,
+    Integer,
     Table,
     Text,
     bindparam,
@@ -42,6 +43,7 @@ from gcworker.rules import WorkerRows, deletion_cutoff
 # `InventoryRepository._by_handles`).
 WORKER_INDEX_FROM = 1000
 _BY_HANDLES: dict[tuple, object] = {}
+_MISSING: dict[tuple, object] = {}  # (kind, backend, shape) -> a batch's DELETE
 
 
 class InventoryRepository:
@@ -359,58 +361,82 @@ class InventoryRepository:
         )
         return list(conn.execute(query).scalars())
 
-    def delete_missing_statement(self, deletions: list[Deletion], cutoffs: dict[str, datetime]):
+    def delete_missing_statement(
+        self, deletions: list[Deletion], cutoffs: dict[str, datetime]
+    ) -> tuple[object, dict]:
         """`delete_missing` for the deletions of a batch in one statement (PostgreSQL), each
         worker's with its own cutoff, returning (handle, worker_name, reason), so that the
         audit can be written from it in the same statement (`AuditRepository.record_returned`).
-        """
+        Returns the statement, built once per kind and shape of batch (building one costs
+        about as much as a short statement's round trip), and the batch's parameters."""
+        shape = _batch_shape(deletions)
+        key = (self.kind, self.db.dialect, shape)
+        statement = _MISSING.get(key)
+        if statement is None:
+            statement = _MISSING[key] = self._delete_missing_statement(shape)
+        return statement, self._missing_params(shape, deletions, cutoffs)
+
+    def _delete_missing_statement(self, shape: str):
         t = self.table
         return (
             delete(t)
-            .where(*self._missing_rows(deletions, cutoffs))
+            .where(*self._missing_rows(shape))
             .returning(t.c.handle, t.c.worker_name, literal("missing").label("reason"))
         )
 
-    def _missing_rows(self, deletions: list[Deletion], cutoffs: dict[str, datetime]) -> tuple:
+    def _missing_rows(self, shape: str) -> tuple:
         """The conditions of a batch's rows (PostgreSQL), in the shape of the unbatched DELETE
         (a range of `ix_<kind>_worker_missing_since` per worker), whatever the batch holds:
-        whole workers' candidates; the oldest `limit` of one worker's; or (over the cap) ids."""
+        whole workers' candidates (one worker: "worker"; several: "workers"); the oldest
+        `p_limit` of one worker's ("oldest"); or (over the cap) ids ("ids"). The values are
+        parameters (`_missing_params`)."""
         t = self.table
-        if any(d.ids is not None for d in deletions):
-            ids = [id_ for d in deletions for id_ in d.ids or ()]
-            return (self.db.member_of(t.c.id, ids), *self._by_worker_cutoffs(cutoffs))
-        if len(deletions) == 1:
-            (deletion,) = deletions
-            worker, cutoff = deletion.worker, cutoffs[deletion.worker]
-            mine = (t.c.worker_name == worker, t.c.state == "created", *_marked_by(t, cutoff))
-            if deletion.limit is None:
-                return mine
-            inner = t.alias("candidate")
-            oldest = (
-                select(inner.c.id)
-                .where(inner.c.worker_name == worker, *_marked_by(inner, cutoff))
-                .order_by(inner.c.missing_since, inner.c.id)
-                .limit(deletion.limit)
-            )
-            return (t.c.id.in_(oldest), *mine)
-        return self._by_worker_cutoffs(cutoffs)
+        if shape == "ids":
+            return (self.db.member_of_parameter(t.c.id, "p_ids"), *self._by_worker_cutoffs())
+        if shape == "workers":
+            return self._by_worker_cutoffs()
+        worker = bindparam("p_worker", type_=Text)
+        cutoff = bindparam("p_cutoff", type_=t.c.missing_since.type)
+        mine = (t.c.worker_name == worker, t.c.state == "created", *_marked_by(t, cutoff))
+        if shape == "worker":
+            return mine
+        inner = t.alias("candidate")
+        oldest = (
+            select(inner.c.id)
+            .where(inner.c.worker_name == worker, *_marked_by(inner, cutoff))
+            .order_by(inner.c.missing_since, inner.c.id)
+            .limit(bindparam("p_limit", type_=Integer))
+        )
+        return (t.c.id.in_(oldest), *mine)
 
-    def _by_worker_cutoffs(self, cutoffs: dict[str, datetime]) -> tuple:
-        """Rows of several workers, each marked at or before its own cutoff: a (worker, cutoff)
-        rowset joined (PostgreSQL)."""
-        t = self.table
+    def _missing_params(
+        self, shape: str, deletions: list[Deletion], cutoffs: dict[str, datetime]
+    ) -> dict:
+        if shape in ("worker", "oldest"):
+            (deletion,) = deletions
+            params = {"p_worker": deletion.worker, "p_cutoff": cutoffs[deletion.worker]}
+            if shape == "oldest":
+                params["p_limit"] = deletion.limit
+            return params
         names = sorted(cutoffs)
+        params = {
+            "p_workers": self.db.values_parameter(names),
+            "p_cutoffs": self.db.values_parameter([cutoffs[n].isoformat() for n in names]),
+        }
+        if shape == "ids":
+            params["p_ids"] = self.db.values_parameter(
+                [id_ for d in deletions for id_ in d.ids or ()]
+            )
+        return params
+
+    def _by_worker_cutoffs(self) -> tuple:
+        """Rows of several workers, each marked at or before its own cutoff: a (worker, cutoff)
+        rowset joined (PostgreSQL), from the parameters `p_workers` and `p_cutoffs`."""
+        t = self.table
         allowed = (
             func.unnest(
-                cast(bindparam(None, self.db.values_parameter(names), Text), ARRAY(Text)),
-                cast(
-                    bindparam(
-                        None,
-                        self.db.values_parameter([cutoffs[n].isoformat() for n in names]),
-                        Text,
-                    ),
-                    ARRAY(DateTime(timezone=True)),
-                ),
+                cast(bindparam("p_workers", type_=Text), ARRAY(Text)),
+                cast(bindparam("p_cutoffs", type_=Text), ARRAY(DateTime(timezone=True))),
             )
             .table_valued(column("worker_name", Text), column("cutoff", DateTime(timezone=True)))
             .render_derived()
@@ -470,7 +496,16 @@ class Candidates:
     ids: tuple[int, ...] | None = None
 
 
-def _marked_by(t, cutoff: datetime) -> tuple:
+def _batch_shape(deletions: list[Deletion]) -> str:
+    """Which statement deletes a batch (see `InventoryRepository._missing_rows`)."""
+    if any(d.ids is not None for d in deletions):
+        return "ids"
+    if len(deletions) > 1:
+        return "workers"
+    return "worker" if deletions[0].limit is None else "oldest"
+
+
+def _marked_by(t, cutoff) -> tuple:
     return (t.c.missing_since.is_not(None), t.c.missing_since <= cutoff)
 
 
@@ -568,21 +603,17 @@ def lock_deleting_workers(
 ) -> tuple[dict[str, tuple[str, datetime | None]], datetime]:
     """Rule 4's batch step: lock the workers whose rows a batch deletes (in name order, as
     every lock of several workers is taken), so that no report of theirs interleaves with the
-    deletion, and read their state and last report with the control plane's time, in one
-    statement on PostgreSQL: {name: (state, last_report_at)}, now. With
-    `commit_without_waiting` the same statement makes the commit not wait for the disk (a
-    batch lost in a server crash is a deletion not made yet: the next collection makes it)."""
+    deletion, bump their generation (their rows are about to change: their next report takes
+    the full diff, and the reconciler's known rows are read afresh; a worker whose batch then
+    deletes nothing only loses its next fast path), and read their state and last report as
+    they are under the lock, with the control plane's time, in one statement on PostgreSQL:
+    {name: (state, last_report_at)}, now. With `commit_without_waiting` the same statement
+    makes the commit not wait for the disk (a batch lost in a server crash is a deletion not
+    made yet: the next collection makes it)."""
     names = sorted(set(names))
-    w = workers.c
-    columns = [w.name, w.state, w.last_report_at]
     postgresql_ = db.is_postgresql
-    if postgresql_:
-        columns.append(func.clock_timestamp().label("clock_now"))
-        if commit_without_waiting:
-            columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
-    rows = conn.execute(
-        select(*columns).where(db.member_of(w.name, names)).order_by(w.name).with_for_update()
-    ).all()
+    statement = _lock_deleting_statement(db, postgresql_ and commit_without_waiting)
+    rows = conn.execute(statement, {"p_names": db.values_parameter(names)}).all()
     if postgresql_ and rows:
         now = db.clock(rows[0].clock_now)
     else:
@@ -590,6 +621,37 @@ def lock_deleting_workers(
             db.commit_without_waiting(conn)
         now = db.now(conn)
     return {row.name: (row.state, row.last_report_at) for row in rows}, now
+
+
+_LOCK_DELETING: dict[tuple, object] = {}
+
+
+def _lock_deleting_statement(db: Database, relaxed: bool):
+    """The statement of `lock_deleting_workers`, built once per backend: the workers are
+    locked by the subquery, in name order, before the UPDATE writes any of them; RETURNING
+    reads each row after its lock, as it is then (and the clock after the lock)."""
+    key = (db.dialect, relaxed)
+    statement = _LOCK_DELETING.get(key)
+    if statement is None:
+        w, mine = workers.c, workers.alias("locking").c
+        locked = (
+            select(mine.name)
+            .where(db.member_of_parameter(mine.name, "p_names"))
+            .order_by(mine.name)
+            .with_for_update()
+        )
+        columns = [w.name, w.state, w.last_report_at]
+        if db.is_postgresql:
+            columns.append(func.clock_timestamp().label("clock_now"))
+            if relaxed:
+                columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
+        statement = _LOCK_DELETING[key] = (
+            update(workers)
+            .where(w.name.in_(locked.scalar_subquery()))
+            .values(generation=w.generation + 1)
+            .returning(*columns)
+        )
+    return statement
 
 
 def _grouped_ids(conn: Connection, db: Database, rows) -> list[tuple[str, str, list[int]]]:
@@ -683,7 +745,7 @@ class VolumeRepository(InventoryRepository):
         child = volumes.alias("child")
         return subtree.union(select(child.c.id).where(child.c.parent_id == subtree.c.id))
 
-    def delete_missing_statement(self, deletions: list[Deletion], cutoffs: dict[str, datetime]):
+    def _delete_missing_statement(self, shape: str):
         """`delete_missing` in one statement, for PostgreSQL: the missing volumes are deleted
         as the unbatched DELETE would, and their descendants are found from the deleted rows
         (RETURNING) alone and deleted by a second DELETE of the same statement, so that
@@ -691,7 +753,7 @@ class VolumeRepository(InventoryRepository):
         finds nothing left)."""
         roots = (
             delete(volumes)
-            .where(*self._missing_rows(deletions, cutoffs))
+            .where(*self._missing_rows(shape))
             .returning(volumes.c.id, volumes.c.handle, volumes.c.worker_name)
             .cte("roots")
         )

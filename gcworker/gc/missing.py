@@ -28,7 +28,6 @@ from gcworker.db.inventory import (
     deletion_plan,
     lock_deleting_workers,
 )
-from gcworker.db.workers import WorkerRepository
 from gcworker.gc.context import CollectionContext, Step
 from gcworker.rules import deletion_cutoff
 from gcworker.settings import format_duration
@@ -65,7 +64,8 @@ class MissingRowCollector:
     ) -> None:
         """Delete one batch of one kind: the rows of each of its workers that still qualify,
         under the workers' row locks, by the cutoff read under them (never later than the
-        plan's)."""
+        plan's). The statement that locks the workers also bumps their generation (any of
+        their rows may go)."""
         grace = ctx.settings.missing_grace_period
         with ctx.transaction() as conn:
             found, now = lock_deleting_workers(
@@ -99,12 +99,13 @@ class MissingRowCollector:
                         for reason, handles in sorted(by_reason.items())
                     ]
                 ctx.record(Step(conn, now), entries)
-                changed = {entry.worker for entry in entries}
             else:
                 # One statement deletes the batch and writes its audit rows (rule 13).
+                changes, params = repo.delete_missing_statement(batch, cutoffs)
                 audited = AuditRepository().record_returned(
                     conn,
-                    repo.delete_missing_statement(batch, cutoffs),
+                    changes,
+                    params,
                     action="delete",
                     kind=repo.kind,
                     reasons={"missing": _reason("missing", grace)},
@@ -112,8 +113,6 @@ class MissingRowCollector:
                     now=now,
                 )
                 ctx.counts[("delete", repo.kind)] += sum(count for _, count in audited)
-                changed = {worker for worker, _ in audited}
-            WorkerRepository(ctx.db).bump_generation(conn, changed)
 
 
 def deletion_batches(plan: list[Candidates], size: int) -> list[list[Deletion]]:
