@@ -311,27 +311,30 @@ class InventoryRepository:
 
     def _deletable_counts(self, now: datetime, grace: timedelta):
         """Rule 4's candidates of this kind counted per running worker: (kind, worker,
-        count, last_report_at). A worker's candidates are one range of
-        `ix_<kind>_worker_missing_since` (its rows marked at or before its cutoff, `min(now,
-        last_report_at) - grace`), counted from the index alone. A mark is only ever made on a
-        created row (ck_<kind>_missing_only_created), so the state needs no reading."""
+        count, last_report_at), a row per running worker (the count may be 0). A worker's
+        candidates are one range of `ix_<kind>_worker_missing_since` (its rows marked at or
+        before its cutoff, `min(now, last_report_at) - grace`), counted from the index alone,
+        by a count of its own (no grouping of every candidate by worker). A mark is only ever
+        made on a created row (ck_<kind>_missing_only_created), so the state needs no
+        reading."""
         t = self.table
-        return (
-            select(
-                literal(self.kind).label("kind"),
-                t.c.worker_name,
-                func.count().label("count"),
-                workers.c.last_report_at,
-            )
-            .join(workers, workers.c.name == t.c.worker_name)
+        count = (
+            select(func.count())
             .where(
-                workers.c.state == "running",
+                t.c.worker_name == workers.c.name,
                 t.c.missing_since.is_not(None),
                 t.c.missing_since <= now - grace,
                 t.c.missing_since <= self.db.minus(workers.c.last_report_at, grace),
             )
-            .group_by(t.c.worker_name, workers.c.last_report_at)
+            .correlate(workers)
+            .scalar_subquery()
         )
+        return select(
+            literal(self.kind).label("kind"),
+            workers.c.name.label("worker_name"),
+            count.label("count"),
+            workers.c.last_report_at,
+        ).where(workers.c.state == "running")
 
     def delete_missing(
         self, conn: Connection, deletion: Deletion, cutoff: datetime
@@ -565,6 +568,7 @@ def deletion_plan(
         (
             Candidates(kind, worker, count, deletion_cutoff(now, last_report_at, grace))
             for kind, worker, count, last_report_at in counts
+            if count
         ),
         key=lambda c: (c.kind, c.worker),
     )
