@@ -686,7 +686,7 @@ class Bench:
             ],
             # Each of these reports rewrites every row of its worker: fewer of them, no warm-up
             # (each starts from the same state, on pages the cases before have read).
-            max(5, reps // 2),
+            max(7, reps // 2),
             warmup=0,
         )
         reset()
