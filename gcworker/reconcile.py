@@ -308,9 +308,9 @@ class Reconciler:
             else:
                 # No handle of this kind listed (a worker that lost everything): every created
                 # row is missing, with no need to read them first; every destroying row is gone.
+                gone = repo.handles_in_state(conn, name, "destroying")
                 result.marked[kind] = repo.mark_all_missing(conn, name, now) if may_mark else 0
                 result.cleared[kind] = result.unknown[kind] = 0
-                gone = repo.handles_in_state(conn, name, "destroying")
                 diff = None
             destroyed = repo.delete_confirmed_destroyed(conn, name, gone, built_at)
             result.destroyed[kind] = len(destroyed)

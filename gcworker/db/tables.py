@@ -136,6 +136,15 @@ def _inventory_schema(kind: str) -> list:
             )
             for state in ("creating", "failed")
         ),
+        # A worker's destroying rows, for rule 9 and the snapshot a reporter reads (migration
+        # 0007).
+        Index(
+            f"ix_{kind}_worker_destroying",
+            "worker_name",
+            "handle",
+            postgresql_where=text("state = 'destroying'"),
+            sqlite_where=text("state = 'destroying'"),
+        ),
     ]
 
 
