@@ -191,18 +191,18 @@ class Database:
         psycopg2 renders a Python list element by element into the SQL text; one array literal
         (PostgreSQL) or one JSON text (SQLite) keeps the statement short and its plan custom.
         """
-        values = list(values)
-        if self.is_postgresql:
-            return column == sql_any(cast(self._array_param(values), ARRAY(column.type)))
-        return column.in_(select(self.rowset(values).c.value))
+        values_text = self.values_parameter(values)
+        return self._member_of(column, bindparam(None, values_text, type_=Text, unique=True))
 
     def member_of_parameter(self, column: ColumnElement, name: str) -> ColumnElement:
         """`member_of` with the values left to the parameter `name`, for a statement built once
         and run many times; its value is `values_parameter(values)`."""
-        text_param = bindparam(name, type_=Text)
+        return self._member_of(column, bindparam(name, type_=Text))
+
+    def _member_of(self, column: ColumnElement, values_text) -> ColumnElement:
         if self.is_postgresql:
-            return column == sql_any(cast(text_param, ARRAY(column.type)))
-        return column.in_(select(func.json_each(text_param).table_valued("value").c.value))
+            return column == sql_any(cast(values_text, ARRAY(column.type)))
+        return column.in_(select(func.json_each(values_text).table_valued("value").c.value))
 
     def values_parameter(self, values: Iterable) -> str:
         """The value of a `member_of_parameter` parameter."""
