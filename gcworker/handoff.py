@@ -78,7 +78,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import bindparam, func, select
 
-from gcworker.db.database import Database
+from gcworker.db.database import Database, prepared_form
 from gcworker.db.keys import active_key_select, active_key_statement
 from gcworker.db.oneshot import execute_one
 from gcworker.db.tables import INVENTORY_TABLES, workers
@@ -306,9 +306,8 @@ class KeyReader:
         self._conn, self._pid, self._pending = conn, os.getpid(), False
         self._wait()
         self._cursor = conn.cursor()
-        text = str(_key_and_head_statement().compile(dialect=engine.dialect))
         self._cursor.execute(
-            "PREPARE gcworker_key_head_async(text) AS " + text.replace("%(p_name)s", "$1")
+            "PREPARE gcworker_key_head_async " + prepared_form(_key_and_head_statement())[0]
         )
         self._wait()
 

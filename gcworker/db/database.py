@@ -145,7 +145,7 @@ class Database:
         prepared on its first use there (PostgreSQL): a statement that runs on every report
         saves its parsing and planning, most of its cost. Only for statements whose plan does
         not depend on their values (a generic plan serves them: no `= ANY(array)`)."""
-        text_, names, processors, constants = _prepared_form(statement)
+        text_, names, processors, constants = prepared_form(statement)
         prepared = connection.connection.info.setdefault("gcworker_prepared", set())
         if name not in prepared:
             connection.exec_driver_sql(f"PREPARE {name} {text_}")
@@ -244,7 +244,7 @@ _NUMBERED = postgresql_psycopg2.dialect(paramstyle="numeric_dollar")
 
 
 @functools.cache
-def _prepared_form(statement) -> tuple[str, tuple[str, ...], tuple, dict]:
+def prepared_form(statement) -> tuple[str, tuple[str, ...], tuple, dict]:
     """`statement` as the text of a PREPARE (`(types) AS sql` with $n parameters), the names of
     its parameters in order, their bind processors, and the values of its constants."""
     compiled = statement.compile(dialect=_NUMBERED)
