@@ -42,8 +42,16 @@ from gcworker.rules import WorkerRows, deletion_cutoff
 # From this many handles on, a statement on a worker's rows also names the worker (see
 # `InventoryRepository._by_handles`).
 WORKER_INDEX_FROM = 1000
-_BY_HANDLES: dict[tuple, object] = {}
-_MISSING: dict[tuple, object] = {}  # (kind, backend, shape) -> a batch's DELETE
+_STATEMENTS: dict[tuple, object] = {}
+
+
+def _built_once(key: tuple, build):
+    """The statement `build()` makes, made once per `key` (what it depends on: the table's kind,
+    the backend, its shape): building one costs about as much as running it."""
+    statement = _STATEMENTS.get(key)
+    if statement is None:
+        statement = _STATEMENTS[key] = build()
+    return statement
 
 
 class InventoryRepository:
@@ -116,37 +124,36 @@ class InventoryRepository:
         handles, where scanning the worker's index beats one probe per handle; for a few, it
         would make the planner scan the worker's whole index range for nothing."""
         by_worker = count >= WORKER_INDEX_FROM
-        key = (self.kind, self.db.dialect, rule, by_worker)
-        statement = _BY_HANDLES.get(key)
-        if statement is None:
-            t = self.table
-            where = [self.db.member_of_parameter(t.c.handle, "p_handles")]
-            if by_worker:
-                where.append(t.c.worker_name == bindparam("p_worker"))
-            if rule == "mark":
-                statement = (
-                    update(t)
-                    .where(*where, t.c.state == "created", t.c.missing_since.is_(None))
-                    .values(missing_since=bindparam("p_now", type_=t.c.missing_since.type))
-                )
-            elif rule == "clear":
-                statement = (
-                    update(t)
-                    .where(*where, t.c.missing_since.is_not(None))
-                    .values(missing_since=None)
-                )
-            else:  # "destroyed": only rows that were destroying before the report was built
-                statement = (
-                    delete(t)
-                    .where(
-                        *where,
-                        t.c.state == "destroying",
-                        t.c.state_changed_at <= bindparam("p_now", type_=t.c.state_changed_at.type),
-                    )
-                    .returning(t.c.handle)
-                )
-            _BY_HANDLES[key] = statement
-        return statement
+        return _built_once(
+            ("by handles", self.kind, self.db.dialect, rule, by_worker),
+            lambda: self._by_handles_statement(rule, by_worker),
+        )
+
+    def _by_handles_statement(self, rule: str, by_worker: bool):
+        t = self.table
+        where = [self.db.member_of_parameter(t.c.handle, "p_handles")]
+        if by_worker:
+            where.append(t.c.worker_name == bindparam("p_worker"))
+        if rule == "mark":
+            return (
+                update(t)
+                .where(*where, t.c.state == "created", t.c.missing_since.is_(None))
+                .values(missing_since=bindparam("p_now", type_=t.c.missing_since.type))
+            )
+        if rule == "clear":
+            return (
+                update(t).where(*where, t.c.missing_since.is_not(None)).values(missing_since=None)
+            )
+        # "destroyed": only rows that were destroying before the report was built
+        return (
+            delete(t)
+            .where(
+                *where,
+                t.c.state == "destroying",
+                t.c.state_changed_at <= bindparam("p_now", type_=t.c.state_changed_at.type),
+            )
+            .returning(t.c.handle)
+        )
 
     def _handles_params(self, worker: str, handles: list[str], now: datetime | None = None):
         params = {"p_handles": self.db.values_parameter(handles), "p_worker": worker}
@@ -373,10 +380,10 @@ class InventoryRepository:
         Returns the statement, built once per kind and shape of batch (building one costs
         about as much as a short statement's round trip), and the batch's parameters."""
         shape = _batch_shape(deletions)
-        key = (self.kind, self.db.dialect, shape)
-        statement = _MISSING.get(key)
-        if statement is None:
-            statement = _MISSING[key] = self._delete_missing_statement(shape)
+        statement = _built_once(
+            ("missing", self.kind, self.db.dialect, shape),
+            lambda: self._delete_missing_statement(shape),
+        )
         return statement, self._missing_params(shape, deletions, cutoffs)
 
     def _delete_missing_statement(self, shape: str):
@@ -627,16 +634,12 @@ def lock_deleting_workers(
     return {row.name: (row.state, row.last_report_at) for row in rows}, now
 
 
-_LOCK_DELETING: dict[tuple, object] = {}
-
-
 def _lock_deleting_statement(db: Database, relaxed: bool):
     """The statement of `lock_deleting_workers`, built once per backend: the workers are
     locked by the subquery, in name order, before the UPDATE writes any of them; RETURNING
     reads each row after its lock, as it is then (and the clock after the lock)."""
-    key = (db.dialect, relaxed)
-    statement = _LOCK_DELETING.get(key)
-    if statement is None:
+
+    def build():
         w, mine = workers.c, workers.alias("locking").c
         locked = (
             select(mine.name)
@@ -649,13 +652,14 @@ def _lock_deleting_statement(db: Database, relaxed: bool):
             columns.append(func.clock_timestamp().label("clock_now"))
             if relaxed:
                 columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
-        statement = _LOCK_DELETING[key] = (
+        return (
             update(workers)
             .where(w.name.in_(locked.scalar_subquery()))
             .values(generation=w.generation + 1)
             .returning(*columns)
         )
-    return statement
+
+    return _built_once(("lock deleting", db.dialect, relaxed), build)
 
 
 def _grouped_ids(conn: Connection, db: Database, rows) -> list[tuple[str, str, list[int]]]:
