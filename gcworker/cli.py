@@ -7,6 +7,7 @@ setting or an impossible request prints one line and exits non-zero, changing no
 
 from __future__ import annotations
 
+import operator
 import sys
 import time
 from datetime import UTC, datetime
@@ -321,37 +322,30 @@ def volume_create(obj: Context, worker, parent, container, handle):
     click.echo(f"volume {handle}: creating on {worker}")
 
 
-def _transition_command(group, kind: str, name: str, state: str, method: str, help_text: str):
+def _move_command(
+    group, name: str, argument: str, subject: str, state: str, action: str, help_text: str
+):
+    """`gcworker <group> NAME ARGUMENT`: calls the control plane's `action` (a dotted name,
+    e.g. `fleet.land`) on the argument, then says "<subject> <argument>: <state>"."""
+
     @group.command(name, help=help_text)
-    @click.argument("handle")
+    @click.argument(argument)
     @click.pass_obj
-    def command(obj: Context, handle):
-        getattr(obj.control_plane().scheduler, method)(handle)
-        click.echo(f"{kind} {handle}: {state}")
+    def command(obj: Context, **arguments):
+        value = arguments[argument]
+        operator.attrgetter(action)(obj.control_plane())(value)
+        click.echo(f"{subject} {value}: {state}")
 
     return command
 
 
 for _group, _kind in ((containers_group, "container"), (volumes_group, "volume")):
-    _transition_command(
-        _group,
-        _kind,
-        "created",
-        "created",
-        f"{_kind}_created",
-        f"The worker finished creating the {_kind}.",
-    )
-    _transition_command(
-        _group, _kind, "fail", "failed", f"fail_{_kind}", f"Creating the {_kind} failed."
-    )
-    _transition_command(
-        _group,
-        _kind,
-        "destroy",
-        "destroying",
-        f"destroy_{_kind}",
-        f"Ask the worker to remove the {_kind}.",
-    )
+    for _name, _state, _action, _help in (
+        ("created", "created", f"{_kind}_created", f"The worker finished creating the {_kind}."),
+        ("fail", "failed", f"fail_{_kind}", f"Creating the {_kind} failed."),
+        ("destroy", "destroying", f"destroy_{_kind}", f"Ask the worker to remove the {_kind}."),
+    ):
+        _move_command(_group, _name, "handle", _kind, _state, f"scheduler.{_action}", _help)
 
 
 # Workers -----------------------------------------------------------------------------------
@@ -380,24 +374,23 @@ def workers(ctx: click.Context, as_json):
         )
 
 
-def _worker_move_command(name: str, state: str, help_text: str):
-    @workers.command(name, help=help_text)
-    @click.argument("worker")
-    @click.pass_obj
-    def command(obj: Context, worker):
-        getattr(obj.control_plane().fleet, name)(worker)
-        click.echo(f"worker {worker}: {state}")
-
-    return command
-
-
-_worker_move_command(
+_move_command(
+    workers,
     "land",
+    "worker",
+    "worker",
     "landing",
+    "fleet.land",
     "Land WORKER: it takes no new work and lands once it holds no active containers.",
 )
-_worker_move_command(
-    "retire", "retiring", "Retire WORKER: it is deleted, with its rows, once it stops heartbeating."
+_move_command(
+    workers,
+    "retire",
+    "worker",
+    "worker",
+    "retiring",
+    "fleet.retire",
+    "Retire WORKER: it is deleted, with its rows, once it stops heartbeating.",
 )
 
 
