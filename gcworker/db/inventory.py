@@ -35,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from gcworker.db.database import Database
+from gcworker.db.database import Database, commit_without_waiting_column
 from gcworker.db.tables import INVENTORY_TABLES, ORPHANED, containers, volumes, workers
 from gcworker.rules import WorkerRows, deletion_cutoff
 
@@ -651,7 +651,7 @@ def _lock_deleting_statement(db: Database, relaxed: bool):
         if db.is_postgresql:
             columns.append(func.clock_timestamp().label("clock_now"))
             if relaxed:
-                columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
+                columns.append(commit_without_waiting_column())
         return (
             update(workers)
             .where(w.name.in_(locked.scalar_subquery()))

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection, bindparam, delete, func, or_, select, update
 
-from gcworker.db.database import Database, statement_clock
+from gcworker.db.database import Database, commit_without_waiting_column, statement_clock
 from gcworker.db.oneshot import execute_one
 from gcworker.db.tables import containers, volumes, workers
 from gcworker.rules import WorkerView
@@ -298,7 +298,7 @@ class WorkerRepository:
 def _lock_with_clock_statement(commit_without_waiting: bool):
     columns = [*_VIEW_COLUMNS, func.clock_timestamp().label("clock_now")]
     if commit_without_waiting:
-        columns.append(func.set_config("synchronous_commit", "off", True).label("relaxed"))
+        columns.append(commit_without_waiting_column())
     return select(*columns).where(workers.c.name == bindparam("p_name")).with_for_update()
 
 
@@ -327,7 +327,7 @@ def _confirm_unchanged_statement():
             last_report_at=func.greatest(w.last_report_at, built_at),
         )
         # Written by a report: its commit need not wait for the disk (see `lock_with_clock`).
-        .returning(now.label("now"), func.set_config("synchronous_commit", "off", True))
+        .returning(now.label("now"), commit_without_waiting_column())
     )
 
 
