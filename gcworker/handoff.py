@@ -185,9 +185,9 @@ def _head_statement():
 class KeyAndHead:
     """The decoder's `public_key_of` for a report task: the worker's active key and its `Head`,
     in one statement (PostgreSQL; elsewhere the key alone), which `prefetch` sends as soon as
-    the message names its worker, so that its round trip runs while the message is validated:
-    on the process's `KeyReader` when it has one (an asynchronous connection: no thread),
-    otherwise in the hand-off's background thread.
+    the message names its worker, so that its round trip runs while the message is validated,
+    on the process's `KeyReader` (an asynchronous connection: no thread); without one, the key
+    is read when it is asked for.
 
     The key is the one active when the statement runs, after the message arrived: as exact as
     `ControlPlane.public_key_of`. The head is read before the report is applied, so it says
@@ -200,29 +200,21 @@ class KeyAndHead:
         self.db = db
         self.reader = reader
         self.head: Head | None = None
-        self._prefetched: tuple[str, Future | None] | None = None
+        self._prefetched: str | None = None  # the worker whose key the reader was sent for
 
     def prefetch(self, worker: str) -> None:
-        if not self.db.is_postgresql or len(worker) > 200:
+        if self.reader is None or not self.db.is_postgresql or len(worker) > 200:
             return
-        if self.reader is not None:
-            try:
-                self.reader.send(worker)
-            except Exception as error:  # noqa: BLE001 - read again the ordinary way
-                self.reader.broken(error)
-                return
-            self._prefetched = (worker, None)
-        else:
-            self._prefetched = (worker, _background().submit(self._read, worker))
+        try:
+            self.reader.send(worker)
+        except Exception as error:  # noqa: BLE001 - read again the ordinary way
+            self.reader.broken(error)
+            return
+        self._prefetched = worker
 
     def __call__(self, worker: str) -> str | None:
         prefetched, self._prefetched = self._prefetched, None
-        answer = None
-        if prefetched is not None and prefetched[0] == worker:
-            if prefetched[1] is not None:
-                answer = prefetched[1].result()
-            else:
-                answer = self._received(worker)
+        answer = self._received(worker) if prefetched == worker else None
         if answer is None:
             answer = self._read(worker)
         key, self.head = answer
@@ -448,12 +440,12 @@ class ReportHandoff:
     """The hand-off of one report task (`tasks.reconcile.reconcile_report`), in as few round
     trips as possible:
 
-    - the report's key is read with the worker's `Head` (`KeyAndHead`, one statement), in a
-      background thread of this process from the moment the message names its worker, while
-      the message is validated;
-    - once the report is known authentic, the stored snapshot is refreshed from that head in
-      that thread, while the report is applied: the refresh is exact on its own terms whatever
-      the report then does (`KeyAndHead`);
+    - the report's key is read with the worker's `Head` (`KeyAndHead`, one statement), sent on
+      the process's `KeyReader` from the moment the message names its worker, while the message
+      is validated;
+    - once the report is known authentic, the stored snapshot is refreshed from that head in a
+      background thread of this process, while the report is applied: the refresh is exact on
+      its own terms whatever the report then does (`KeyAndHead`);
     - after a report that changed nothing (the fast path) and a refresh that applied (or found a
       newer snapshot), that is all; otherwise `publish_snapshot` reads a head after the report
       and refreshes or publishes in full, as for any report.
