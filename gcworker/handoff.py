@@ -79,15 +79,15 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import bindparam, func, select
 
 from gcworker.db.database import Database, prepared_form
+from gcworker.db.inventory import ContainerRepository, VolumeRepository
 from gcworker.db.keys import active_key_select, active_key_statement
 from gcworker.db.oneshot import execute_one
-from gcworker.db.tables import INVENTORY_TABLES, workers
+from gcworker.db.tables import workers
 from gcworker.db.workers import WorkerRepository
 from gcworker.delivery import Feedback
 
 log = logging.getLogger(__name__)
 
-KINDS = ("container", "volume")
 SNAPSHOT_LIMIT = 1000
 MIN_KEY_TTL = timedelta(minutes=10)
 
@@ -338,17 +338,10 @@ def take_snapshot(db: Database, worker: str, limit: int = SNAPSHOT_LIMIT) -> Sna
     with db.transaction() as conn:
         view = WorkerRepository(db).lock(conn, worker)
         now = db.now(conn)
-        handles = {}
-        for kind in KINDS:
-            table = INVENTORY_TABLES[kind]
-            handles[kind] = list(
-                conn.execute(
-                    select(table.c.handle)
-                    .where(table.c.worker_name == worker, table.c.state == "destroying")
-                    .order_by(table.c.id)
-                    .limit(limit)
-                ).scalars()
-            )
+        handles = {
+            repo.kind: repo.handles_in_state(conn, worker, "destroying", limit)
+            for repo in (ContainerRepository(db), VolumeRepository(db))
+        }
     generation = view.generation if view is not None else None
     return Snapshot(worker, version_of(now), handles, generation)
 

@@ -63,9 +63,14 @@ class InventoryRepository:
 
     # Reads -------------------------------------------------------------------------------
 
-    def handles_in_state(self, conn: Connection, worker: str, state: str) -> list[str]:
+    def handles_in_state(
+        self, conn: Connection, worker: str, state: str, limit: int | None = None
+    ) -> list[str]:
+        """The worker's handles in `state`, sorted; with `limit`, those of its oldest rows."""
         t = self.table
         query = select(t.c.handle).where(t.c.worker_name == worker, t.c.state == state)
+        if limit is not None:
+            query = query.order_by(t.c.id).limit(limit)
         return sorted(conn.execute(query).scalars())
 
     def find(self, conn: Connection, handle: str, *, lock: bool = False) -> dict | None:
