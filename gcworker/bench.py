@@ -9,8 +9,8 @@ others' as a fleet's rows are):
   a steady report (the same list as the last one: the fast path), the same report when the
   fast path may not be taken (the worker's generation moved: the full diff, writing nothing),
   a 1% churn report (0.5% of the rows go missing, the 0.5% that were missing come back), a
-  mass-loss report (a restarted durable worker that lost everything), and, where the control
-  plane has it, the compact unchanged report;
+  mass-loss report (a restarted durable worker that lost everything), and the compact unchanged
+  report;
 - the same reports through two baselines implemented here: `last_seen` (stamp every reported
   row) and the clear + mark statement pair over the whole list; both get the list as one array
   literal, as gcworker does;
@@ -54,7 +54,7 @@ from sqlalchemy.engine import make_url
 from gcworker.db.database import Database, _pg_array_literal, create_database_engine
 from gcworker.db.migrate import upgrade
 from gcworker.errors import GcworkerError
-from gcworker.messages import Heartbeat, Report
+from gcworker.messages import Heartbeat, Report, UnchangedReport
 from gcworker.reconcile import Reconciler
 from gcworker.rules import report_digest
 
@@ -281,9 +281,7 @@ class BenchWorker:
             volumes=volumes,
         )
 
-    def unchanged(self, digest: str):
-        from gcworker.messages import UnchangedReport
-
+    def unchanged(self, digest: str) -> UnchangedReport:
         return UnchangedReport(
             worker=self.name,
             incarnation=self.incarnation,
@@ -291,14 +289,6 @@ class BenchWorker:
             clock=datetime.now(UTC),
             digest=digest,
         )
-
-
-def compact_report_supported() -> bool:
-    try:
-        from gcworker.messages import UnchangedReport  # noqa: F401
-    except ImportError:
-        return False
-    return hasattr(Reconciler, "unchanged")
 
 
 # The benchmark -----------------------------------------------------------------------------
@@ -584,19 +574,16 @@ class Bench:
                 _baseline(self.engine, pair_report, pair.name),
             ),
         ]
-        if compact_report_supported():
-            digest = report_digest(*lists[compact.name])
-            cases.append(
-                Case(
-                    "gcworker",
-                    "compact_unchanged",
-                    lambda i: (
-                        compact.unchanged(digest) if i else compact.report(*lists[compact.name])
-                    ),
-                    apply,
-                    True,
-                )
+        digest = report_digest(*lists[compact.name])
+        cases.append(
+            Case(
+                "gcworker",
+                "compact_unchanged",
+                lambda i: compact.unchanged(digest) if i else compact.report(*lists[compact.name]),
+                apply,
+                True,
             )
+        )
         # The floor as a report meets it: one SELECT 1 on a connection from the pool the fast
         # path uses, among the other cases (a round trip to a server process that has waited).
         cases.append(Case("floor", "select1", lambda i: None, self._select1_from_pool))
@@ -605,10 +592,9 @@ class Bench:
         out["select1_held"] = self.tight_loop(
             lambda: None, lambda _, conn: conn.exec_driver_sql("SELECT 1").scalar()
         )
-        if compact_report_supported():
-            results["gcworker.compact_unchanged_loop"] = self.tight_loop(
-                lambda: compact.unchanged(digest), lambda message, _: apply(message)
-            )
+        results["gcworker.compact_unchanged_loop"] = self.tight_loop(
+            lambda: compact.unchanged(digest), lambda message, _: apply(message)
+        )
 
         # 1% churn: each report lacks a new window of 0.5% of the handles (marked) and has again
         # the window the report before lacked (cleared): 1% of the rows change per report.
@@ -733,11 +719,11 @@ class Bench:
         containers = [str(uuid.uuid4()) for _ in range(handles // 2)]
         volumes = [str(uuid.uuid4()) for _ in range(handles - handles // 2)]
         full = json.dumps(encode(player.report(containers, volumes), key))
-        sizes = {"full_report_bytes": len(full.encode())}
-        if compact_report_supported():
-            compact = json.dumps(encode(player.unchanged(report_digest(containers, volumes)), key))
-            sizes["compact_report_bytes"] = len(compact.encode())
-        return sizes
+        compact = json.dumps(encode(player.unchanged(report_digest(containers, volumes)), key))
+        return {
+            "full_report_bytes": len(full.encode()),
+            "compact_report_bytes": len(compact.encode()),
+        }
 
     # Collector -----------------------------------------------------------------------------
 

@@ -95,16 +95,12 @@ def _bench_pipeline(bench, options, progress) -> dict[str, Any]:
             message = player.report(containers, volumes)
             full = (encode(message, key), summary(message))
             sizes[n] = _stored_bytes(app, client, REPORT_TASK, queue_key, full)
-        from gcworker.bench import compact_report_supported
         from gcworker.rules import report_digest
 
-        if compact_report_supported():
-            message = _Player("size-probe").unchanged(report_digest([], []))
-            compact = (encode(message, key), summary(message))
-            result["compact_envelope_bytes"] = len(_json(compact[0]))
-            result["compact_broker_bytes"] = _stored_bytes(
-                app, client, REPORT_TASK, queue_key, compact
-            )
+        message = _Player("size-probe").unchanged(report_digest([], []))
+        compact = (encode(message, key), summary(message))
+        result["compact_envelope_bytes"] = len(_json(compact[0]))
+        result["compact_broker_bytes"] = _stored_bytes(app, client, REPORT_TASK, queue_key, compact)
 
         env = dict(os.environ)
         env.update(

@@ -135,9 +135,10 @@ def build_table(result):
             )
         wire = result.wire.get(size, {})
         if wire:
-            sizes = f"full report {wire['full_report_bytes']:,} B"
-            if "compact_report_bytes" in wire:
-                sizes += f", compact {wire['compact_report_bytes']:,} B"
+            sizes = (
+                f"full report {wire['full_report_bytes']:,} B, "
+                f"compact {wire['compact_report_bytes']:,} B"
+            )
             table.add_row(f"[dim]message size: {sizes}[/dim]", h)
         table.add_section()
     col = result.collector
