@@ -142,9 +142,12 @@ def _deliver(obj: Context, message, key_file):
         obj.overrides["key_file"] = key_file
     settings = obj.settings
     if not settings.embedded:
-        open_channel(settings).send(message)
+        open_channel(settings).send(message)  # undated: through a broker it confirms nothing
         return None
-    result = obj.control_plane().receive(encode(message, load_key(settings)))
+    plane = obj.control_plane()
+    if message.type == "report":  # applied at once: built at the control plane's time now
+        message = message.model_copy(update={"after": plane.now()})
+    result = plane.receive(encode(message, load_key(settings)))
     if isinstance(result, Rejected):
         _fail(f"{message.type} of {message.worker} rejected: {result.reason}")
     return result

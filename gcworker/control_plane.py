@@ -124,6 +124,11 @@ class ControlPlane:
         with self.db.transaction() as conn:
             return VolumeRepository(self.db).list(conn, worker)
 
+    def now(self) -> datetime:
+        """The control plane's clock (the database's)."""
+        with self.db.transaction() as conn:
+            return self.db.now(conn)
+
     def destroying_handles(self, worker: str) -> dict[str, list[str]]:
         """What `worker` should remove: its rows in `destroying`, by kind."""
         return self.destroying_handles_as_of(worker)[1]

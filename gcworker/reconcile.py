@@ -35,6 +35,7 @@ from gcworker.rules import (
     judge_heartbeat,
     judge_report,
     report_built_at,
+    report_date_problem,
     report_digest,
     report_is_unchanged,
     report_may_mark,
@@ -175,6 +176,9 @@ class Reconciler:
             conn, message.worker, commit_without_waiting=True
         )
         outcome, reason = judge_report(worker, message.incarnation, message.seq)
+        problem = report_date_problem(now, message.after)
+        if outcome is ReportOutcome.ACCEPTED and problem is not None:
+            outcome, reason = ReportOutcome.REJECTED, problem
         result = ReportResult(message.worker, outcome, reason)
         if message.clock is not None:
             result.lag = now - message.clock

@@ -237,21 +237,33 @@ def judge_heartbeat(worker: WorkerView | None, incarnation: int, seq: int) -> He
     return HeartbeatDecision(HeartbeatOutcome.EXTENDED)
 
 
-def report_built_at(received: datetime, after: datetime | None) -> datetime:
-    """From when a report's content dates, on the control plane's clock (rules 4 and 9).
+def report_built_at(received: datetime, after: datetime | None) -> datetime | None:
+    """From when a report's content provably dates, on the control plane's clock (rules 4, 9).
 
-    A report that came through a broker may have waited there: what it lacks may have been
-    created on the worker after it was built, so its arrival proves nothing. A reporter says
-    from when its report dates (`after`: the control plane's time of the newest answer it had
-    read when it built the report, hence a moment before the building); a report without it (the
-    CLI, in-process delivery) dates from its arrival. Never later than the arrival.
+    A report that came through a broker may have waited there for minutes: what it lacks may
+    have been created on the worker after it was built, so its arrival proves nothing. A
+    reporter dates its report with `after`, a control-plane time it read in an answer the
+    control plane signed before it built the report. A report without one is undated (None):
+    it may mark and clear, never confirm an absence or a destruction. `after` is never later
+    than the arrival (`report_date_problem` rejects such a report).
     """
-    return received if after is None else min(received, after)
+    return None if after is None else min(received, after)
 
 
-def confirmation_time(built_at: datetime, previous: datetime | None) -> datetime:
+def report_date_problem(received: datetime, after: datetime | None) -> str | None:
+    """Rule 4: a report dated later than the control plane's clock at its arrival is rejected
+    (only a tampered reporter could send one); the reason, or None for a possible date."""
+    if after is not None and after > received:
+        return f"report dated {after.isoformat()}, after its arrival ({received.isoformat()})"
+    return None
+
+
+def confirmation_time(built_at: datetime | None, previous: datetime | None) -> datetime | None:
     """Rule 4: the newest report lacking a handle confirms its absence from `built_at` on; a
-    report dated earlier never moves an earlier confirmation back."""
+    report dated earlier never moves an earlier confirmation back, an undated one confirms
+    nothing."""
+    if built_at is None:
+        return previous
     return built_at if previous is None else max(previous, built_at)
 
 

@@ -103,7 +103,11 @@ class FakeWorker:
         )
 
     def report_message(self, containers=(), volumes=(), **fields) -> Report:
+        """A report built now, dated as a reporter dates it: with the control plane's time it
+        read before building it (rule 4). `after=None` makes an undated report."""
         fields.setdefault("seq", self.next_seq())
+        if "after" not in fields:
+            fields["after"] = self.plane.now()
         return Report(
             worker=self.name,
             incarnation=self.incarnation,

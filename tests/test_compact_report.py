@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from gcworker.messages import UnchangedReport
 from gcworker.rules import report_digest
 from tests.conftest import created, states
 
 
-def unchanged(worker, containers=(), volumes=()):
+def unchanged(worker, containers=(), volumes=(), *, dated=True):
     digest = report_digest(list(containers), list(volumes))
     message = UnchangedReport(
-        worker=worker.name, incarnation=worker.incarnation, seq=worker.next_seq(), digest=digest
+        worker=worker.name,
+        incarnation=worker.incarnation,
+        seq=worker.next_seq(),
+        digest=digest,
+        after=worker.plane.now() if dated else None,
     )
     return worker.plane.reconciler.unchanged(message)
 
@@ -81,3 +87,39 @@ def test_rule6_a_stale_compact_report_changes_nothing(plane, make_worker):
     digest = report_digest([], [])
     stale = UnchangedReport(worker="w1", incarnation=1, seq=1, digest=digest)
     assert plane.reconciler.unchanged(stale).outcome == "stale"
+
+
+def test_rule4_an_undated_compact_report_confirms_no_deletion(plane, make_worker, advance):
+    w = make_worker()
+    created(plane, "w1", "c1", "c2")
+    w.report(containers=["c1"])  # c2 marked
+    advance(minutes=5)
+    w.heartbeat()
+
+    result = unchanged(w, containers=["c1"], dated=False)
+    plane.collect()
+
+    assert result.fast_path  # accepted: it may clear, it confirms nothing
+    assert states(plane) == {"c1": ("created", False), "c2": ("created", True)}
+
+
+def test_rule4_a_compact_report_dated_after_its_arrival_is_rejected(plane, make_worker, advance):
+    w = make_worker()
+    created(plane, "w1", "c1", "c2")
+    w.report(containers=["c1"])  # c2 marked
+    future = plane.now() + timedelta(days=365 * 200)
+    advance(minutes=5)
+    w.heartbeat()
+    before = plane.workers()
+
+    digest = report_digest(["c1"], [])
+    message = UnchangedReport(
+        worker="w1", incarnation=1, seq=w.next_seq(), digest=digest, after=future
+    )
+    result = plane.reconciler.unchanged(message)
+    plane.collect()
+
+    assert (result.outcome, result.fast_path) == ("rejected", False)
+    assert "after its arrival" in result.reason
+    assert plane.workers() == before
+    assert states(plane) == {"c1": ("created", False), "c2": ("created", True)}

@@ -8,7 +8,9 @@ its absence, however late it arrives, nor (with the seed's T1..T10 race) get it 
 
 from __future__ import annotations
 
-from tests.conftest import states
+from datetime import timedelta
+
+from tests.conftest import created, states
 
 
 def feedback_time(plane, worker="w1"):
@@ -79,3 +81,50 @@ def test_rule9_a_delayed_report_built_before_a_creation_confirms_no_destruction(
     assert states(plane) == {"c1": ("destroying", False)}
     w.report(after=feedback_time(plane))  # built after the worker removed it
     assert states(plane) == {}
+
+
+def test_rule4_an_undated_report_confirms_no_absence_however_late(plane, make_worker, advance):
+    """Issue 9.1: a reporter with no date yet (new, silent for long, Redis lost its keys)."""
+    w = make_worker()
+    early = w.report_message(after=None)  # built before c10 exists, held by the broker
+    late = w.report_message(after=None)
+    created(plane, "w1", "c10")
+
+    plane.reconciler.report(early)  # c10 lacks from it: marked
+    advance(minutes=6)
+    w.heartbeat()
+    plane.reconciler.report(late)  # past the grace, undated: it cannot prove it is recent
+    plane.collect()
+
+    assert states(plane) == {"c10": ("created", True)}
+    w.report(containers=["c10"])  # a dated report that lists it clears the mark
+    assert states(plane) == {"c10": ("created", False)}
+
+
+def test_rule9_an_undated_report_confirms_no_destruction(plane, make_worker):
+    w = make_worker()
+    created(plane, "w1", "c1")
+    plane.scheduler.destroy_container("c1")
+
+    plane.reconciler.report(w.report_message(after=None))
+
+    assert states(plane) == {"c1": ("destroying", False)}
+    w.report()  # dated: built after the worker removed it
+    assert states(plane) == {}
+
+
+def test_rule4_a_report_dated_after_its_arrival_is_rejected(plane, make_worker, advance):
+    w = make_worker()
+    created(plane, "w1", "c1")
+    w.report()  # c1 marked
+    future = feedback_time(plane) + timedelta(days=365 * 200)
+    advance(minutes=6)
+    w.heartbeat()
+    before = plane.workers()
+
+    result = w.report(after=future)
+    plane.collect()
+
+    assert result.outcome == "rejected" and "after its arrival" in result.reason
+    assert plane.workers() == before
+    assert states(plane) == {"c1": ("created", True)}

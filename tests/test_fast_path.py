@@ -204,12 +204,13 @@ def test_a_report_listing_no_handle_of_a_kind_needs_no_read_and_applies_rules_1_
 def test_on_postgresql_the_fast_path_is_one_statement_and_no_transaction_around_it(
     db, plane, steady
 ):
+    report_again(steady)  # prepares the statement on this connection
+    message = steady.report_message(["c1", "c2", "c3"], ["v1"])
     begins = []
     event.listen(db.engine, "begin", lambda conn: begins.append(conn))  # a transaction's BEGIN
-    report_again(steady)  # prepares the statement on this connection
 
     with recorded_statements(db) as statements:
-        result = report_again(steady)
+        result = plane.reconciler.report(message)
 
     assert result.fast_path
     assert len(statements) == 1 and statements[0].startswith("EXECUTE")

@@ -202,12 +202,12 @@ class InventoryRepository:
         return conn.execute(statement).rowcount
 
     def delete_confirmed_destroyed(
-        self, conn: Connection, worker: str, handles: list[str], built_at: datetime
+        self, conn: Connection, worker: str, handles: list[str], built_at: datetime | None
     ) -> list[str]:
         """Rule 9: a destroying row whose handle the worker no longer reports is done, if it was
         destroying already when the report was built (`built_at`): a report that waited in a
-        broker may predate the handle's creation."""
-        if not handles:
+        broker may predate the handle's creation. An undated report (None) confirms nothing."""
+        if not handles or built_at is None:
             return []
         result = conn.execute(
             self._by_handles("destroyed", len(handles)),

@@ -176,8 +176,8 @@ class WorkerRepository:
         """The fast path in one statement (PostgreSQL): a report of the worker's last accepted
         digest, with nothing changed since, is recorded as `record_report` would record it
         after `judge_report` (rules 6, 7), `report_may_mark` (rule 2) and `report_is_unchanged`
-        all said yes; rule 4's confirmation moves to `confirmation_time(report_built_at(now,
-        after), last_report_at)`. A transaction of its own (`execute_one`), so call it outside
+        all said yes and `after` is no later than now; rule 4's confirmation moves to
+        `confirmation_time(report_built_at(now, after), last_report_at)`. A transaction of its own (`execute_one`), so call it outside
         any other. Returns the control plane's time, or None when any condition fails: nothing
         was written, and the report needs the whole judgement."""
         row = execute_one(
@@ -307,9 +307,10 @@ def _confirm_unchanged_statement():
     w = workers.c
     seq = bindparam("p_seq", type_=w.last_report_seq.type)
     now = statement_clock()
-    # LEAST and GREATEST skip NULLs: no `after` dates the report from now; no earlier
-    # confirmation leaves this one.
-    built_at = func.least(now, bindparam("p_after", type_=w.last_report_at.type))
+    # Rule 4: `after` is the report's date (never later than now: a later one is for the
+    # full judgement to reject); GREATEST skips NULLs, so an undated report confirms nothing
+    # and no earlier confirmation leaves this one.
+    built_at = bindparam("p_after", type_=w.last_report_at.type)
     return (
         update(workers)
         .where(
@@ -320,6 +321,7 @@ def _confirm_unchanged_statement():
             w.running_since_seq < seq,
             w.report_digest == bindparam("p_digest"),
             w.report_generation == w.generation,
+            or_(built_at.is_(None), built_at <= now),
         )
         .values(
             last_report_seq=seq,
