@@ -11,10 +11,11 @@ reconciler leaves there (`gcworker.handoff`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
+from gcworker.answers import DestroyList, Stamp
 from gcworker.codec import Message, encode
 from gcworker.messages import UnchangedReport
 from gcworker.rules import ReportOutcome
@@ -23,10 +24,24 @@ from gcworker.settings import Settings
 
 @dataclass
 class Feedback:
-    destroying: dict[str, list[str]] = field(default_factory=dict)  # kind -> handles to remove
+    """What the control plane answered (`gcworker.answers`), authentic; whether it is current
+    is for the reporter to judge."""
+
+    stamp: Stamp | None = None
+    destroy_list: DestroyList | None = None
     full_report_wanted: bool = False
-    # The control plane's time when it wrote this answer (None: it has written none yet).
-    as_of: datetime | None = None
+
+    @property
+    def as_of(self) -> datetime | None:
+        """The stamp's control-plane time (None: no stamp)."""
+        return None if self.stamp is None else datetime.fromtimestamp(self.stamp.as_of / 1e6, UTC)
+
+    @property
+    def destroying(self) -> dict[str, list[str]]:
+        """The destroy list's handles by kind (empty without one)."""
+        if self.destroy_list is None:
+            return {"container": [], "volume": []}
+        return self.destroy_list.by_kind()
 
 
 class Channel(Protocol):
@@ -53,10 +68,16 @@ class InProcessChannel:
             self._full_report_wanted.discard(message.worker)
 
     def feedback(self, worker: str) -> Feedback:
+        """Read from the database itself: nothing between it and the reporter to distrust. The
+        stamp answers the worker's newest message the control plane applied."""
+        from gcworker.handoff import take_snapshot
+
         wanted = worker in self._full_report_wanted
         self._full_report_wanted.discard(worker)
-        as_of, destroying = self.plane.destroying_handles_as_of(worker)
-        return Feedback(destroying, wanted, as_of)
+        snapshot = take_snapshot(self.plane.db, worker)
+        if snapshot is None:
+            return Feedback(full_report_wanted=wanted)
+        return Feedback(snapshot.head.stamp(snapshot.seq), snapshot.destroy_list(), wanted)
 
 
 def load_key(settings: Settings):

@@ -477,6 +477,13 @@ class Demo:
         self.overrides = self.config.settings_overrides(
             database_url, f"gcworker-demo-{secrets.token_hex(4)}"
         )
+        if self.config.broker_url:  # reconcilers sign their answers, reporters verify them
+            from gcworker.signing import generate_private_key, public_key_text, write_private_key
+
+            key = generate_private_key()
+            write_private_key(key, self.root / "control-plane.key")
+            self.overrides["control_plane_key_file"] = self.root / "control-plane.key"
+            self.overrides["control_plane_public_key"] = public_key_text(key)
         self.settings = load_settings(**self.overrides)
         db = Database.from_url(self.settings.database_url)
         upgrade(db.engine)

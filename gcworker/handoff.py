@@ -74,10 +74,13 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import bindparam, func, select
 
+from gcworker import metrics
+from gcworker.answers import DestroyList, Stamp, Untrusted, seal, unseal
 from gcworker.db.database import Database, prepared_form
 from gcworker.db.inventory import ContainerRepository, VolumeRepository
 from gcworker.db.keys import active_key_select, active_key_statement
@@ -91,69 +94,108 @@ log = logging.getLogger(__name__)
 SNAPSHOT_LIMIT = 1000
 MIN_KEY_TTL = timedelta(minutes=10)
 
-# KEYS: container set, volume set, version, generation.
-# ARGV: version, ttl, number of containers, generation, containers..., volumes...
+# KEYS: list, version, generation, stamp, stamp version.
+# ARGV: version, ttl, generation, sealed list, sealed stamp.
 _REPLACE_IF_NEWER = """
-local current = redis.call('GET', KEYS[3])
+local ttl = tonumber(ARGV[2])
+local stamp_version = redis.call('GET', KEYS[5])
+if not stamp_version or tonumber(stamp_version) < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[4], ARGV[5], 'EX', ttl)
+  redis.call('SET', KEYS[5], ARGV[1], 'EX', ttl)
+end
+local current = redis.call('GET', KEYS[2])
 if current and tonumber(current) >= tonumber(ARGV[1]) then
   return 0
 end
-local ttl = tonumber(ARGV[2])
-local containers = tonumber(ARGV[3])
-redis.call('DEL', KEYS[1], KEYS[2])
-local function fill(key, first, last)
-  if last < first then return end
-  for s = first, last, 500 do
-    redis.call('SADD', key, unpack(ARGV, s, math.min(s + 499, last)))
-  end
-  redis.call('EXPIRE', key, ttl)
-end
-fill(KEYS[1], 5, 4 + containers)
-fill(KEYS[2], 5 + containers, #ARGV)
-redis.call('SET', KEYS[3], ARGV[1], 'EX', ttl)
-redis.call('SET', KEYS[4], ARGV[4], 'EX', ttl)
+redis.call('SET', KEYS[1], ARGV[4], 'EX', ttl)
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ttl)
+redis.call('SET', KEYS[3], ARGV[3], 'EX', ttl)
 return 1
 """
 
-# KEYS: as above. ARGV: version, ttl, generation.
-# 1: moved forward; 0: a snapshot as new or newer is there already; -1: none stored, or one of
+# KEYS: as above. ARGV: version, ttl, generation, sealed stamp.
+# 1: moved forward; 0: a stamp as new or newer is there already; -1: no list stored, or one of
 # another generation (a full snapshot is needed).
 _REFRESH_IF_SAME_GENERATION = """
-local current = redis.call('GET', KEYS[3])
+local current = redis.call('GET', KEYS[5])
 if current and tonumber(current) >= tonumber(ARGV[1]) then
   return 0
 end
-if not current or redis.call('GET', KEYS[4]) ~= ARGV[3] then
+if not redis.call('GET', KEYS[2]) or redis.call('GET', KEYS[3]) ~= ARGV[3] then
   return -1
 end
 local ttl = tonumber(ARGV[2])
-redis.call('SET', KEYS[3], ARGV[1], 'EX', ttl)
-redis.call('EXPIRE', KEYS[4], ttl)
+redis.call('SET', KEYS[4], ARGV[4], 'EX', ttl)
+redis.call('SET', KEYS[5], ARGV[1], 'EX', ttl)
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
+redis.call('EXPIRE', KEYS[3], ttl)
+return 1
+"""
+
+# KEYS: stamp, stamp version. ARGV: version, ttl, sealed stamp. 1: stored; 0: a newer one is.
+_STAMP_IF_NEWER = """
+local current = redis.call('GET', KEYS[2])
+if current and tonumber(current) >= tonumber(ARGV[1]) then
+  return 0
+end
+local ttl = tonumber(ARGV[2])
+redis.call('SET', KEYS[1], ARGV[3], 'EX', ttl)
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ttl)
 return 1
 """
 
 REFRESHED, NEWER_STORED, FULL_NEEDED = 1, 0, -1
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    worker: str
-    version: int  # the control plane's clock, in microseconds since the epoch
-    handles: dict[str, list[str]] = field(default_factory=dict)
-    generation: int | None = None  # the worker's generation they were read at (None: unknown)
+LIST_AND_STAMP_KEYS = ("list", "version", "generation", "stamp", "stamp-version")
 
 
 @dataclass(frozen=True)
 class Head:
-    """The worker's generation, and the control plane's clock at the start of the statement that
-    read it (so every transaction committed before that instant is included): what a refresh
-    needs."""
+    """The worker's generation and incarnation, and the control plane's clock at the start of
+    the statement that read them (so every transaction committed before that instant is
+    included): what a refresh, and a stamp, need."""
 
     worker: str
     version: int
     generation: int
+    incarnation: int
+
+    def stamp(self, seq: int) -> Stamp:
+        """The stamp answering the worker's message `seq` (`gcworker.answers`)."""
+        return Stamp(
+            worker=self.worker,
+            incarnation=self.incarnation,
+            generation=self.generation,
+            as_of=self.version,
+            seq=seq,
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The worker's destroying handles, read under its row lock at `head`."""
+
+    head: Head
+    handles: dict[str, list[str]] = field(default_factory=dict)
+    seq: int = 0  # the worker's newest message applied when it was read
+
+    @property
+    def worker(self) -> str:
+        return self.head.worker
+
+    @property
+    def version(self) -> int:
+        return self.head.version
+
+    def destroy_list(self) -> DestroyList:
+        return DestroyList(
+            worker=self.head.worker,
+            incarnation=self.head.incarnation,
+            generation=self.head.generation,
+            as_of=self.head.version,
+            containers=self.handles.get("container", []),
+            volumes=self.handles.get("volume", []),
+        )
 
 
 def version_of(now: datetime) -> int:
@@ -166,20 +208,24 @@ def read_head(db: Database, worker: str) -> Head | None:
         with db.transaction() as conn:
             view = WorkerRepository(db).lock(conn, worker)
             now = db.now(conn)
-        return None if view is None else Head(worker, version_of(now), view.generation)
+        return None if view is None else _head(view, now)
     row = execute_one(db, _head_statement(), {"p_name": worker}, prepared="gcworker_head")
     if row is None:
         return None
-    return Head(worker, version_of(db.clock(row.clock_now)), row.generation)
+    return Head(worker, version_of(db.clock(row.clock_now)), row.generation, row.incarnation)
+
+
+def _head(view, now: datetime) -> Head:
+    return Head(view.name, version_of(now), view.generation, view.incarnation)
 
 
 @functools.cache
 def _head_statement():
     # statement_timestamp(): set before the statement takes its snapshot. No lock: a lock would
     # give the statement a transaction id and a commit that waits for the disk.
-    return select(workers.c.generation, func.statement_timestamp().label("clock_now")).where(
-        workers.c.name == bindparam("p_name")
-    )
+    return select(
+        workers.c.generation, workers.c.incarnation, func.statement_timestamp().label("clock_now")
+    ).where(workers.c.name == bindparam("p_name"))
 
 
 class KeyAndHead:
@@ -238,10 +284,11 @@ class KeyAndHead:
         return self._answer(worker, row)
 
     def _answer(self, worker: str, row) -> tuple[str | None, Head | None]:
-        public_key, generation, clock_now = row
+        public_key, generation, incarnation, clock_now = row
         if generation is None:
             return public_key, None
-        return public_key, Head(worker, version_of(self.db.clock(clock_now)), generation)
+        head = Head(worker, version_of(self.db.clock(clock_now)), generation, incarnation)
+        return public_key, head
 
 
 class KeyReader:
@@ -326,106 +373,163 @@ class KeyReader:
 def _key_and_head_statement():
     key = active_key_select(bindparam("p_name"))
     generation = select(workers.c.generation).where(workers.c.name == bindparam("p_name"))
+    incarnation = select(workers.c.incarnation).where(workers.c.name == bindparam("p_name"))
     return select(
         key.scalar_subquery().label("public_key"),
         generation.scalar_subquery().label("generation"),
+        incarnation.scalar_subquery().label("incarnation"),
         func.statement_timestamp().label("clock_now"),
     )
 
 
-def take_snapshot(db: Database, worker: str, limit: int = SNAPSHOT_LIMIT) -> Snapshot:
-    """The worker's destroying handles, read under its row lock, versioned by the DB clock."""
+def take_snapshot(db: Database, worker: str, limit: int = SNAPSHOT_LIMIT) -> Snapshot | None:
+    """The worker's destroying handles, read under its row lock, versioned by the DB clock;
+    None for an unknown worker."""
     with db.transaction() as conn:
         view = WorkerRepository(db).lock(conn, worker)
+        if view is None:
+            return None
         now = db.now(conn)
         handles = {
             repo.kind: repo.handles_in_state(conn, worker, "destroying", limit)
             for repo in (ContainerRepository(db), VolumeRepository(db))
         }
-    generation = view.generation if view is not None else None
-    return Snapshot(worker, version_of(now), handles, generation)
+    seq = max(s for s in (view.last_heartbeat_seq, view.last_report_seq, 0) if s is not None)
+    return Snapshot(_head(view, now), handles, seq)
 
 
 class DestroyingBoard:
-    """The Redis side of the hand-off: the reconciler publishes snapshots, the reporter reads."""
+    """The Redis side of the hand-off: the reconciler publishes answers sealed with the control
+    plane's key (`signing_key`; None: unsigned), the reporter reads them and keeps those that
+    `public_key` verifies (or, with `allow_unsigned`, unsigned ones too)."""
 
-    def __init__(self, redis_client, namespace: str, key_ttl: timedelta = MIN_KEY_TTL):
+    def __init__(
+        self,
+        redis_client,
+        namespace: str,
+        key_ttl: timedelta = MIN_KEY_TTL,
+        *,
+        signing_key: Ed25519PrivateKey | None = None,
+        public_key: str | None = None,
+        allow_unsigned: bool = False,
+    ):
         self.redis = redis_client
         self.namespace = namespace
         self.key_ttl = max(key_ttl, MIN_KEY_TTL)
+        self.signing_key = signing_key
+        self.public_key = public_key
+        self.allow_unsigned = allow_unsigned
         self._replace = redis_client.register_script(_REPLACE_IF_NEWER)
         self._refresh = redis_client.register_script(_REFRESH_IF_SAME_GENERATION)
+        self._stamp = redis_client.register_script(_STAMP_IF_NEWER)
 
     @classmethod
     def from_settings(cls, settings, redis_client=None) -> DestroyingBoard:
         import redis
 
         client = redis_client or redis.Redis.from_url(settings.broker_url, decode_responses=True)
-        return cls(client, settings.broker_namespace, 10 * settings.report_interval)
+        return cls(
+            client,
+            settings.broker_namespace,
+            10 * settings.report_interval,
+            signing_key=settings.control_plane_signing_key(),
+            public_key=settings.control_plane_public_key,
+            allow_unsigned=settings.allow_unsigned,
+        )
 
-    def keys(self, worker: str) -> tuple[str, str, str]:
+    def keys(self, worker: str) -> list[str]:
+        """The list, its version and generation, the stamp and its version."""
         base = f"{self.namespace}:destroying:{{{worker}}}"
-        return f"{base}:container", f"{base}:volume", f"{base}:version"
+        return [f"{base}:{name}" for name in LIST_AND_STAMP_KEYS]
 
-    def generation_key(self, worker: str) -> str:
-        return f"{self.namespace}:destroying:{{{worker}}}:generation"
+    @property
+    def _ttl(self) -> int:
+        return int(self.key_ttl.total_seconds())
 
-    def publish(self, snapshot: Snapshot) -> bool:
-        """Store the snapshot unless a newer one is there; True if it was stored."""
-        containers = snapshot.handles.get("container", [])
-        volumes = snapshot.handles.get("volume", [])
-        # A snapshot of unknown generation is stored with none: no refresh ever extends it.
-        generation = "" if snapshot.generation is None else str(snapshot.generation)
+    def publish(self, snapshot: Snapshot, seq: int) -> bool:
+        """Store the snapshot unless a newer one is there, and its stamp answering the worker's
+        message `seq` unless a newer stamp is there; True if the snapshot was stored."""
+        head = snapshot.head
         stored = self._replace(
-            keys=[*self.keys(snapshot.worker), self.generation_key(snapshot.worker)],
+            keys=self.keys(head.worker),
             args=[
-                snapshot.version,
-                int(self.key_ttl.total_seconds()),
-                len(containers),
-                generation,
-                *containers,
-                *volumes,
+                head.version,
+                self._ttl,
+                str(head.generation),
+                seal(snapshot.destroy_list(), self.signing_key),
+                seal(head.stamp(seq), self.signing_key),
             ],
         )
         return bool(stored)
 
-    def refresh(self, head: Head) -> int:
-        """Move the stored snapshot's version forward to `head.version` if it was read at
+    def refresh(self, head: Head, seq: int) -> int:
+        """Stamp `head` (answering the worker's message `seq`) if the stored list was read at
         `head.generation`: `REFRESHED`, `NEWER_STORED` (nothing to do), or `FULL_NEEDED`."""
         return int(
             self._refresh(
-                keys=[*self.keys(head.worker), self.generation_key(head.worker)],
-                args=[head.version, int(self.key_ttl.total_seconds()), str(head.generation)],
+                keys=self.keys(head.worker),
+                args=[
+                    head.version,
+                    self._ttl,
+                    str(head.generation),
+                    seal(head.stamp(seq), self.signing_key),
+                ],
             )
         )
 
-    def feedback(self, worker: str) -> Feedback:
-        """What the worker should remove (the newest snapshot, empty if none), and whether the
-        control plane asked for a full report; reading the request consumes it."""
-        container_key, volume_key, version_key = self.keys(worker)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.smembers(container_key)
-        pipe.smembers(volume_key)
-        pipe.get(version_key)
-        pipe.getdel(self.full_report_key(worker))
-        containers, volumes, version, wanted = pipe.execute()
-        as_of = None
-        if version is not None:  # the snapshot's version is the control plane's clock, in µs
-            as_of = datetime.fromtimestamp(int(version) / 1_000_000, UTC)
-        return Feedback(
-            {"container": sorted(containers), "volume": sorted(volumes)},
-            wanted is not None,
-            as_of,
+    def stamp(self, head: Head, seq: int) -> bool:
+        """Store the stamp of `head` answering the worker's message `seq`, unless a newer one is
+        there (a heartbeat's answer: it dates the worker's next reports)."""
+        stamp_key, stamp_version_key = self.keys(head.worker)[3:]
+        sealed = seal(head.stamp(seq), self.signing_key)
+        return bool(
+            self._stamp(keys=[stamp_key, stamp_version_key], args=[head.version, self._ttl, sealed])
         )
+
+    def feedback(self, worker: str) -> Feedback:
+        """The worker's newest stamp and destroy list, each kept only if the control plane
+        sealed it for this worker (`gcworker.answers`), and whether the control plane asked for
+        a full report; reading the request consumes it."""
+        list_key, _, _, stamp_key, _ = self.keys(worker)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.get(stamp_key)
+        pipe.get(list_key)
+        pipe.getdel(self.full_report_key(worker))
+        stamp, destroy_list, wanted = pipe.execute()
+        return Feedback(
+            self._unsealed(stamp, Stamp, worker),
+            self._unsealed(destroy_list, DestroyList, worker),
+            wanted is not None,
+        )
+
+    def _unsealed(self, sealed: str | None, kind, worker: str):
+        if sealed is None:
+            return None
+        try:
+            return unseal(
+                sealed,
+                kind,
+                worker,
+                public_key=self.public_key,
+                allow_unsigned=self.allow_unsigned,
+            )
+        except Untrusted as untrusted:
+            metrics.REPORTER_ANSWERS_IGNORED.labels(kind.__name__.lower(), "untrusted").inc()
+            log.warning(
+                "control plane answer ignored: not trusted",
+                extra={"worker": worker, "answer": kind.__name__, "reason": str(untrusted)},
+            )
+            return None
 
     def full_report_key(self, worker: str) -> str:
         return f"{self.namespace}:destroying:{{{worker}}}:full-report"
 
     def want_full_report(self, worker: str) -> None:
-        self.redis.set(self.full_report_key(worker), "1", ex=int(self.key_ttl.total_seconds()))
+        self.redis.set(self.full_report_key(worker), "1", ex=self._ttl)
 
     def version(self, worker: str) -> int | None:
-        value = self.redis.get(self.keys(worker)[2])
+        """The stored stamp's version (the newest control-plane time the worker can read)."""
+        value = self.redis.get(self.keys(worker)[4])
         return int(value) if value is not None else None
 
 
@@ -449,6 +553,7 @@ class ReportHandoff:
         self.board = board
         self.lookup = KeyAndHead(db, reader)
         self._refresh: Future | None = None
+        self._seq: int | None = None  # the report's, once it is known authentic
 
     def public_key_of(self, worker: str) -> str | None:
         return self.lookup(worker)
@@ -457,9 +562,10 @@ class ReportHandoff:
         self.lookup.prefetch(worker)
 
     def checked(self, message) -> None:
+        self._seq = message.seq
         head = self.lookup.head
         if head is not None and head.worker == message.worker and message.type != "heartbeat":
-            self._refresh = _background().submit(self.board.refresh, head)
+            self._refresh = _background().submit(self.board.refresh, head, message.seq)
 
     def finish(self, result) -> Snapshot | Head | None:
         """After the report's transaction: the refresh's answer, or a snapshot published."""
@@ -472,7 +578,7 @@ class ReportHandoff:
             self._refresh = None
         if result.fast_path and refreshed != FULL_NEEDED:
             return self.lookup.head
-        return publish_snapshot(self.db, self.board, result.worker)
+        return publish_snapshot(self.db, self.board, result.worker, self._seq)
 
 
 _executor: ThreadPoolExecutor | None = None
@@ -490,18 +596,23 @@ def _background() -> ThreadPoolExecutor:
 
 
 def publish_snapshot(
-    db: Database, board: DestroyingBoard, worker: str, head: Head | None = None
+    db: Database, board: DestroyingBoard, worker: str, seq: int, head: Head | None = None
 ) -> Snapshot | Head | None:
-    """Refresh the worker's stored snapshot if nothing changed since it was read, else take and
-    publish a new one (module docstring); a failure is logged, never raised (the report itself
-    is committed, and the next report publishes a fresh snapshot). `head`, when given, was read
-    along with the report's key (`KeyAndHead`), for a report that changed nothing."""
+    """Answer the worker's report `seq`: refresh the worker's stored snapshot with a new stamp
+    if nothing changed since it was read, else take and publish a new one (module docstring);
+    a failure is logged, never raised (the report itself is committed, and the next report
+    publishes a fresh snapshot). `head`, when given, was read along with the report's key
+    (`KeyAndHead`), for a report that changed nothing. An unknown worker gets no answer."""
     try:
         head = head or read_head(db, worker)
-        if head is not None and board.refresh(head) != FULL_NEEDED:
+        if head is None:
+            return None
+        if board.refresh(head, seq) != FULL_NEEDED:
             return head
         snapshot = take_snapshot(db, worker)
-        stored = board.publish(snapshot)
+        if snapshot is None:
+            return None
+        stored = board.publish(snapshot, seq)
     except Exception as error:  # noqa: BLE001 - the hand-off must never fail a committed report
         log.warning(
             "destroying hand-off failed: the reporter learns at the next report",
@@ -518,3 +629,19 @@ def publish_snapshot(
         },
     )
     return snapshot
+
+
+def stamp_heartbeat(db: Database, board: DestroyingBoard, worker: str, seq: int) -> Head | None:
+    """Answer the worker's heartbeat `seq` with a stamp, so that a worker gets a date quickly
+    (a new one, or one whose answers expired); logged, never raised."""
+    try:
+        head = read_head(db, worker)
+        if head is not None:
+            board.stamp(head, seq)
+        return head
+    except Exception as error:  # noqa: BLE001 - the heartbeat itself is committed
+        log.warning(
+            "heartbeat stamp not stored: the worker's reports stay undated until the next",
+            extra={"worker": worker, "error": f"{type(error).__name__}: {error}"},
+        )
+        return None

@@ -149,6 +149,18 @@ REPORTER_REMOVED = Counter(
     "Handles the reporter removed because the control plane holds them as destroying.",
     ["kind"],
 )
+REPORTER_ANSWERS_IGNORED = Counter(
+    "gcworker_reporter_answers_ignored",
+    "Control-plane answers (stamp, destroy list) the reporter ignored, by answer and reason "
+    "(untrusted: unsigned or forged; stale, future, other_incarnation: not current).",
+    ["answer", "reason"],
+)
+REPORTER_HANDLES_SKIPPED = Counter(
+    "gcworker_reporter_handles_skipped",
+    "Entries the reporter skipped: listed by the runtime but no valid handle (never reported), "
+    "or named for removal but invalid or not held by the runtime (never removed).",
+    ["why"],
+)
 
 for _outcome in REPORT_OUTCOMES:
     REPORTS.labels(_outcome)
@@ -206,3 +218,8 @@ def count_counts(counter: Counter, counts: dict[str, int], *extra_labels: str) -
 def set_states(gauge: Gauge, counts: dict[str, int], labels: Iterable[str]) -> None:
     for label in labels:
         gauge.labels(label).set(counts.get(label, 0))
+for _answer in ("stamp", "destroylist"):
+    for _reason in ("untrusted", "stale", "future", "other_incarnation", "other_generation"):
+        REPORTER_ANSWERS_IGNORED.labels(_answer, _reason)
+for _why in ("invalid_listed", "invalid_named", "not_held"):
+    REPORTER_HANDLES_SKIPPED.labels(_why)

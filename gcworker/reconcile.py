@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 class HeartbeatResult:
     worker: str
     outcome: HeartbeatOutcome
+    seq: int = 0
     reason: str = ""
     rows_dropped: int = 0
     marks_cleared: int = 0
@@ -99,7 +100,9 @@ class Reconciler:
             now = self.db.now(conn)
             worker = self.workers.lock(conn, message.worker)
             decision = judge_heartbeat(worker, message.incarnation, message.seq)
-            result = HeartbeatResult(message.worker, decision.outcome, decision.reason)
+            result = HeartbeatResult(
+                message.worker, decision.outcome, message.seq, decision.reason
+            )
             if decision.outcome is HeartbeatOutcome.REGISTERED:
                 self.workers.register(
                     conn,

@@ -1,30 +1,45 @@
 """The reporter: one per worker host. It heartbeats every heartbeat-interval, reports the
 runtime's inventory every report-interval, and after each report removes, a few at a time, the
 handles the control plane holds as destroying. A listing that fails sends no report (never an
-empty one).
+empty one); nothing a runtime lists or does ends the reporter.
 
 A report is compact when nothing changed: if the inventory's digest equals that of the last full
 report sent, the reporter sends only the digest (`UnchangedReport`), unless `full_report_every`
 reports have passed since the last full one or the control plane asked for a full report (it
 does when it cannot confirm a digest, e.g. after its own rows of the worker changed).
+
+What the reporter believes of the control plane's answers (rule 15, `gcworker.answers`): a stamp
+is current when it is authentic, made for this worker's incarnation, and answers a message this
+reporter sent within `answer_max_age` (an older one is stale, one naming a message it never
+sent is from the future). Reports built after reading a current stamp are dated with its time
+(`after`, rule 4); before any, reports are undated and confirm nothing. A destroy list is acted
+on only with a current stamp of the same incarnation and generation, and only for handles that
+are valid and that the runtime holds at this round's listing.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
+from collections import OrderedDict
 from datetime import UTC, datetime
 
-from gcworker.delivery import Channel
-from gcworker.messages import Heartbeat, Report, UnchangedReport
+from gcworker import metrics
+from gcworker.answers import Stamp
+from gcworker.delivery import Channel, Feedback
+from gcworker.messages import HANDLE_PATTERN, Heartbeat, Report, UnchangedReport
 from gcworker.rules import report_digest
-from gcworker.runtimes import Runtime, RuntimeError_
+from gcworker.runtimes import Inventory, Runtime, RuntimeError_
 
 log = logging.getLogger(__name__)
 
 DESTROY_PER_REPORT = 50
 FULL_REPORT_EVERY = 10
+MIN_ANSWER_MAX_AGE_S = 600.0
+MAX_WARNED_NAMES = 1000
+_HANDLE = re.compile(HANDLE_PATTERN)
 
 
 class Reporter:
@@ -41,6 +56,7 @@ class Reporter:
         incarnation: int | None = None,
         destroy_per_report: int = DESTROY_PER_REPORT,
         full_report_every: int = FULL_REPORT_EVERY,
+        answer_max_age: float | None = None,
     ):
         self.worker = worker
         self.runtime = runtime
@@ -53,18 +69,33 @@ class Reporter:
         self.incarnation = incarnation if incarnation is not None else time.time_ns()
         self.destroy_per_report = destroy_per_report
         self.full_report_every = full_report_every
+        self.answer_max_age = answer_max_age or max(10 * report_interval, MIN_ANSWER_MAX_AGE_S)
         self._last_seq = 0
+        self._sent: OrderedDict[int, float] = OrderedDict()  # seq -> monotonic time, recent
         self._last_full_digest: str | None = None
         self._compact_since_full = 0
         self._full_report_wanted = False
-        self._heard_at: datetime | None = None  # the newest feedback's control-plane time
+        self._stamp: Stamp | None = None  # the newest current stamp
+        self._warned: set[str] = set()  # names already warned about (bounded)
+
+    @property
+    def heard_at(self) -> datetime | None:
+        """The date of the reports built now: the newest current stamp's control-plane time."""
+        return Feedback(self._stamp).as_of
 
     def _next_seq(self) -> int:
         self._last_seq = max(time.time_ns(), self._last_seq + 1)
         return self._last_seq
 
+    def _send(self, message) -> None:
+        now = time.monotonic()
+        self._sent[message.seq] = now
+        while self._sent and next(iter(self._sent.values())) < now - self.answer_max_age:
+            self._sent.popitem(last=False)
+        self.channel.send(message)
+
     def heartbeat(self) -> None:
-        self.channel.send(
+        self._send(
             Heartbeat(
                 worker=self.worker,
                 incarnation=self.incarnation,
@@ -78,29 +109,27 @@ class Reporter:
     def report(self) -> bool:
         """Send one report and remove what the control plane destroys; False if none was sent."""
         try:
-            inventory = self.runtime.inventory()
+            inventory = self._listing()
         except RuntimeError_ as error:
             log.warning(
                 "listing failed: no report sent", extra={"worker": self.worker, "error": str(error)}
             )
             return False
-        if self._heard_at is None:  # date the first report too (rule 4 confirmations)
+        if self._stamp is None:  # date the first report too, if an answer is there already
             self._take_feedback()
         digest = report_digest(inventory.containers, inventory.volumes)
         fields = {
-            "after": self._heard_at,
+            "after": self.heard_at,
             "worker": self.worker,
             "incarnation": self.incarnation,
             "seq": self._next_seq(),
             "clock": datetime.now(UTC),
         }
         if self._may_send_compact(digest):
-            self.channel.send(UnchangedReport(**fields, digest=digest))
+            self._send(UnchangedReport(**fields, digest=digest))
             self._compact_since_full += 1
         else:
-            self.channel.send(
-                Report(**fields, containers=inventory.containers, volumes=inventory.volumes)
-            )
+            self._send(Report(**fields, containers=inventory.containers, volumes=inventory.volumes))
             self._last_full_digest, self._compact_since_full = digest, 0
             self._full_report_wanted = False
         log.info(
@@ -108,12 +137,37 @@ class Reporter:
             extra={
                 "worker": self.worker,
                 "compact": self._compact_since_full > 0,
+                "dated": fields["after"] is not None,
                 "containers": len(inventory.containers),
                 "volumes": len(inventory.volumes),
             },
         )
-        self._act_on_feedback()
+        self._act_on_feedback(inventory)
         return True
+
+    def _listing(self) -> Inventory:
+        """The runtime's inventory, less the entries that are no valid handle (each warned
+        about once): a stray `lost+found` is never reported, and never stops a report."""
+        inventory = self.runtime.inventory()
+        return Inventory(
+            containers=self._valid(inventory.containers, "container"),
+            volumes=self._valid(inventory.volumes, "volume"),
+        )
+
+    def _valid(self, names, kind: str) -> list[str]:
+        valid = [name for name in names if isinstance(name, str) and _HANDLE.fullmatch(name)]
+        if len(valid) != len(names):
+            for name in names:
+                if name not in valid:
+                    metrics.REPORTER_HANDLES_SKIPPED.labels("invalid_listed").inc()
+                    self._warn_once(f"{kind}:{name!r}", "runtime entry is no valid handle: skipped")
+        return valid
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned or len(self._warned) >= MAX_WARNED_NAMES:
+            return
+        self._warned.add(key)
+        log.warning(message, extra={"worker": self.worker, "entry": key[:200]})
 
     def _may_send_compact(self, digest: str) -> bool:
         return (
@@ -122,38 +176,109 @@ class Reporter:
             and not self._full_report_wanted
         )
 
-    def _take_feedback(self):
-        """Read the control plane's answer; the reports built from now on date from its time."""
+    def _take_feedback(self) -> dict[str, list[str]]:
+        """Read the control plane's answer: keep its stamp if it is current (reports built from
+        now on date from it), and return the destroy list's handles if the list is current too
+        (empty otherwise)."""
         feedback = self.channel.feedback(self.worker)
         self._full_report_wanted |= feedback.full_report_wanted
-        if feedback.as_of is not None:
-            self._heard_at = max(self._heard_at or feedback.as_of, feedback.as_of)
-        return feedback
+        stamp = feedback.stamp
+        if stamp is None or not self._is_current(stamp, "stamp"):
+            return {}
+        if self._stamp is None or stamp.as_of > self._stamp.as_of:
+            self._stamp = stamp
+        listed = feedback.destroy_list
+        if listed is None:
+            return {}
+        if (listed.incarnation, listed.generation) != (stamp.incarnation, stamp.generation):
+            self._ignored("destroylist", "other_generation", "not the stamp's generation")
+            return {}
+        return listed.by_kind()
 
-    def _act_on_feedback(self) -> int:
-        """Remove up to `destroy_per_report` handles the control plane holds as destroying, and
-        note whether it asked for a full report. Returns how many handles were removed."""
-        feedback = self._take_feedback()
+    def _is_current(self, stamp: Stamp, answer: str) -> bool:
+        if stamp.worker != self.worker or stamp.incarnation != self.incarnation:
+            return self._ignored(answer, "other_incarnation", f"incarnation {stamp.incarnation}")
+        if stamp.seq > self._last_seq:
+            return self._ignored(answer, "future", f"answers message {stamp.seq}, never sent")
+        sent = self._sent.get(stamp.seq)
+        if sent is None or time.monotonic() - sent > self.answer_max_age:
+            return self._ignored(answer, "stale", f"answers message {stamp.seq}, not recent")
+        return True
+
+    def _ignored(self, answer: str, reason: str, detail: str) -> bool:
+        metrics.REPORTER_ANSWERS_IGNORED.labels(answer, reason).inc()
+        log.warning(
+            "control plane answer ignored: not current",
+            extra={"worker": self.worker, "answer": answer, "reason": reason, "detail": detail},
+        )
+        return False
+
+    def _act_on_feedback(self, inventory: Inventory) -> int:
+        """Remove up to `destroy_per_report` handles of the current destroy list that are valid
+        and that the runtime held at this round's listing; a removal that fails is logged and
+        tried again at a later round. Returns how many handles were removed."""
+        held = {"container": set(inventory.containers), "volume": set(inventory.volumes)}
         removed = 0
-        for kind, handles in feedback.destroying.items():
-            for handle in handles[: self.destroy_per_report - removed]:
-                self.runtime.destroy(kind, handle)
+        for kind, handles in self._take_feedback().items():
+            for handle in handles:
+                if removed >= self.destroy_per_report:
+                    break
+                if not _HANDLE.fullmatch(handle):
+                    metrics.REPORTER_HANDLES_SKIPPED.labels("invalid_named").inc()
+                    self._warn_once(f"{kind}:{handle!r}", "destroy list names no valid handle")
+                    continue
+                if handle not in held[kind]:
+                    metrics.REPORTER_HANDLES_SKIPPED.labels("not_held").inc()
+                    continue
+                try:
+                    self.runtime.destroy(kind, handle)
+                except RuntimeError_ as error:
+                    log.warning(
+                        "removal failed: tried again at a later round",
+                        extra={
+                            "worker": self.worker,
+                            "kind": kind,
+                            "handle": handle,
+                            "error": str(error)[:500],
+                        },
+                    )
+                    continue
                 removed += 1
         if removed:
             log.info("removed destroying handles", extra={"worker": self.worker, "count": removed})
         return removed
 
-    def run(self, stop: threading.Event, *, once: bool = False) -> None:
-        """Heartbeat and report on their intervals until `stop` is set (or once, with `once`)."""
+    def acknowledged(self) -> bool:
+        """Whether the control plane answered this reporter's newest message (a current stamp
+        for it): it was authentic and it arrived."""
+        self._take_feedback()
+        return self._stamp is not None and self._stamp.seq >= self._last_seq
+
+    def step(self, action) -> bool:
+        """Run one heartbeat or report; whatever goes wrong is logged and the reporter goes
+        on (nothing a runtime lists or does ends it). False when it failed or sent nothing."""
+        try:
+            return action() is not False
+        except Exception:  # noqa: BLE001 - the next round tries again
+            log.exception(
+                "reporter step failed: trying again at the next round",
+                extra={"worker": self.worker},
+            )
+            return False
+
+    def run(self, stop: threading.Event, *, once: bool = False) -> bool:
+        """Heartbeat and report on their intervals until `stop` is set; with `once`, one
+        heartbeat and one report, then return whether the report was sent."""
         next_heartbeat = next_report = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_heartbeat:
-                self.heartbeat()
+                self.step(self.heartbeat)
                 next_heartbeat = now + self.heartbeat_interval
             if now >= next_report:
-                self.report()
+                sent = self.step(self.report)
                 next_report = now + self.report_interval
                 if once:
-                    return
+                    return sent
             stop.wait(max(0.0, min(next_heartbeat, next_report) - time.monotonic()))
+        return True

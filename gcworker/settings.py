@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     brake_min_workers: int = Field(default=3, ge=1)
     allow_unsigned: bool = False
     key_file: Path | None = None
+    # The control plane's Ed25519 key: reconcilers sign their answers to workers with the
+    # private half (a PEM file); reporters verify them with the public half (base64).
+    control_plane_key_file: Path | None = None
+    control_plane_public_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9+/]{43}=$")
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     dead_letter_limit: int = Field(default=1000, ge=1)
 
@@ -122,6 +126,31 @@ class Settings(BaseSettings):
     @property
     def embedded(self) -> bool:
         return not self.broker_url
+
+    def control_plane_signing_key(self):
+        """The control plane's private key (GCWORKER_CONTROL_PLANE_KEY_FILE), or None."""
+        if self.control_plane_key_file is None:
+            return None
+        from gcworker.signing import load_private_key
+
+        return load_private_key(self.control_plane_key_file)
+
+    def require_control_plane_key(self, role: str) -> None:
+        """Rule 15: with a broker, a reconciler signs what it tells workers and a reporter
+        believes only what the control plane signed, unless unsigned answers are allowed."""
+        if self.embedded or self.allow_unsigned:
+            return
+        name, present = (
+            ("CONTROL_PLANE_PUBLIC_KEY", self.control_plane_public_key)
+            if role == "reporter"
+            else ("CONTROL_PLANE_KEY_FILE", self.control_plane_key_file)
+        )
+        if present is None:
+            raise SettingsError(
+                f"{ENV_PREFIX}{name} is not set: with a broker, the {role} needs the control "
+                "plane's key (make one with `gcworker keys generate-control-plane --out FILE`), "
+                f"or {ENV_PREFIX}ALLOW_UNSIGNED=true"
+            )
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -4,8 +4,9 @@ Each task gets one JSON envelope (`gcworker.codec`: the message as JSON text, an
 signature), has it decoded, validated and checked by the control plane, and applies it through
 the same code embedded mode runs (`gcworker.pipeline`). A rejected message is logged, counted and
 kept in the dead-letter list, and the task returns normally, so the broker's message is
-acknowledged. After a report, the task hands the worker's destroying handles to its reporter
-through Redis (`gcworker.handoff`).
+acknowledged. After a heartbeat or a report, the task answers the worker through Redis with
+answers signed by the control plane (`gcworker.handoff`, `gcworker.answers`): a stamp that dates
+its next reports, and after a report its destroying handles.
 
 A database that cannot be reached (OperationalError) makes the task retry with backoff; the
 redelivered message is harmless (rule 6). A heartbeat waiting for its retry is marked in Redis
@@ -21,8 +22,8 @@ import logging
 from sqlalchemy.exc import OperationalError
 
 from gcworker import pipeline
-from gcworker.reconcile import ReportResult
-from gcworker.rules import ReportOutcome
+from gcworker.reconcile import HeartbeatResult, ReportResult
+from gcworker.rules import HeartbeatOutcome, ReportOutcome
 from tasks.app import app, settings
 from tasks.routing import COLLECT_TASK, HEARTBEAT_TASK, REPORT_TASK
 
@@ -116,7 +117,12 @@ def _quietly(action, task_id) -> None:
 # Any other arguments than one envelope make a malformed envelope: rejected and dead-lettered.
 @app.task(name=HEARTBEAT_TASK, base=HeartbeatTask, **RETRY)
 def record_heartbeat(envelope=None, *_args, **_kwargs):
-    pipeline.receive(control_plane(), envelope, task="heartbeat")
+    from gcworker.handoff import stamp_heartbeat
+
+    result = pipeline.receive(control_plane(), envelope, task="heartbeat")
+    if isinstance(result, HeartbeatResult) and result.outcome is not HeartbeatOutcome.REJECTED:
+        # Answered with a signed stamp: the worker's next reports carry a date (rule 4).
+        stamp_heartbeat(control_plane().db, board(), result.worker, result.seq)
 
 
 @app.task(name=REPORT_TASK, **RETRY)

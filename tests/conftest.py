@@ -189,15 +189,18 @@ def recorded_statements(db: Database, keep=lambda statement: True):
 
 @pytest.fixture
 def board():
-    """A destroying board (`gcworker.handoff`) on the test Redis, in a namespace of its own."""
+    """A destroying board (`gcworker.handoff`) on the test Redis, in a namespace of its own,
+    signing and verifying with a control-plane key of its own."""
     import redis
 
     from gcworker.handoff import DestroyingBoard
+    from gcworker.signing import generate_private_key, public_key_text
     from tests.pipeline_support import REDIS_URL
 
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     namespace = f"test-{uuid.uuid4().hex[:8]}"
-    yield DestroyingBoard(client, namespace)
+    key = generate_private_key()
+    yield DestroyingBoard(client, namespace, signing_key=key, public_key=public_key_text(key))
     for key in client.scan_iter(f"{namespace}:*"):
         client.delete(key)
     client.close()

@@ -23,6 +23,7 @@ from pathlib import Path
 import redis
 
 from gcworker.settings import load_settings
+from gcworker.signing import generate_private_key, public_key_text, write_private_key
 
 REDIS_URL = os.environ.get("GCWORKER_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 GCWORKER = str(Path(sys.executable).with_name("gcworker"))
@@ -95,11 +96,16 @@ class Pipeline:
         self.namespace = "gcwtest-" + uuid.uuid4().hex[:12]
         self.log_dir = tmp_path / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.control_plane_key = generate_private_key()
+        key_file = tmp_path / "control-plane.key"
+        write_private_key(self.control_plane_key, key_file)
         self.overrides = {
             "database_url": database_url,
             "broker_url": REDIS_URL,
             "broker_namespace": self.namespace,
             "allow_unsigned": "true",
+            "control_plane_key_file": key_file,
+            "control_plane_public_key": public_key_text(self.control_plane_key),
             **settings,
         }
         self.settings = load_settings(**self.overrides)

@@ -157,7 +157,9 @@ def _scenario(seed: int):
                 events.append(Heartbeat(worker=name, incarnation=1, seq=next(seq)))
                 continue
             containers = [h for h in known_c if rng.random() < 0.7]
-            containers += [f"u-{name}-{i}" for i in range(3) if rng.random() < 0.3]
+            # Undated reports (rule 4) confirm no destruction (rule 9): the stray containers the
+            # worker holds (rule 8) are in every report, so the order cannot tell.
+            containers += [f"u-{name}-{i}" for i in range(3)]
             volumes = [h for h in known_v if rng.random() < 0.7]
             events.append(
                 Report(

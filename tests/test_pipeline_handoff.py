@@ -19,6 +19,12 @@ from gcworker.handoff import (
 )
 from tests.conftest import created, recorded_statements
 
+SEQ = 1  # the worker's message a hand-off answers
+
+
+def snapshot(worker, version, handles, generation) -> Snapshot:
+    return Snapshot(Head(worker, version, generation, 1), handles)
+
 
 @pytest.fixture
 def inventory_reads(db):
@@ -43,14 +49,14 @@ def test_a_report_that_changed_nothing_moves_the_version_without_reading_handles
     worker = make_worker("w1")
     destroying(plane, "w1", "c-gone")
     worker.report(["c-gone"])
-    first = publish_snapshot(db, board, "w1")
+    first = publish_snapshot(db, board, "w1", SEQ)
     assert isinstance(first, Snapshot)  # nothing stored yet: read in full
     assert board.feedback("w1").destroying == {"container": ["c-gone"], "volume": []}
 
     advance(seconds=5)
     assert worker.report(["c-gone"]).fast_path
     inventory_reads.clear()
-    refreshed = publish_snapshot(db, board, "w1")
+    refreshed = publish_snapshot(db, board, "w1", SEQ)
 
     assert isinstance(refreshed, Head)
     assert inventory_reads == []
@@ -64,12 +70,12 @@ def test_the_version_keeps_advancing_with_the_control_planes_clock(
 ):
     worker = make_worker("w1")
     worker.report([])
-    publish_snapshot(db, board, "w1")
+    publish_snapshot(db, board, "w1", SEQ)
     seen = [board.feedback("w1").as_of]
     for _ in range(3):
         advance(minutes=1)
         worker.report([])
-        publish_snapshot(db, board, "w1")
+        publish_snapshot(db, board, "w1", SEQ)
         seen.append(board.feedback("w1").as_of)
     assert seen == sorted(seen)
     assert len(set(seen)) == len(seen)
@@ -82,22 +88,22 @@ def test_a_change_since_the_stored_snapshot_is_published_in_full(
     worker = make_worker("w1")
     created(plane, "w1", "c1")
     worker.report(["c1"])
-    publish_snapshot(db, board, "w1")
+    publish_snapshot(db, board, "w1", SEQ)
     assert board.feedback("w1").destroying["container"] == []
 
     plane.scheduler.destroy_container("c1")  # between reports: bumps the worker's generation
     advance(seconds=5)
-    publish_snapshot(db, board, "w1")
+    publish_snapshot(db, board, "w1", SEQ)
     assert board.feedback("w1").destroying["container"] == ["c1"]
 
 
 def test_an_older_snapshot_never_replaces_a_newer_one(plane, db, make_worker, board):
     make_worker("w1")
     head = read_head(db, "w1")
-    newer = Snapshot("w1", head.version + 10, {"container": ["new"], "volume": []}, 7)
-    older = Snapshot("w1", head.version + 5, {"container": ["old"], "volume": []}, 6)
-    assert board.publish(newer) is True
-    assert board.publish(older) is False
+    newer = snapshot("w1", head.version + 10, {"container": ["new"], "volume": []}, 7)
+    older = snapshot("w1", head.version + 5, {"container": ["old"], "volume": []}, 6)
+    assert board.publish(newer, SEQ) is True
+    assert board.publish(older, SEQ) is False
     assert board.feedback("w1").destroying["container"] == ["new"]
     assert board.version("w1") == newer.version
 
@@ -106,27 +112,22 @@ def test_a_refresh_never_moves_a_newer_version_back_nor_extends_another_generati
     plane, db, make_worker, board
 ):
     make_worker("w1")
-    assert board.refresh(Head("w1", 100, 3)) == FULL_NEEDED  # nothing stored
-    board.publish(Snapshot("w1", 200, {"container": ["a"], "volume": []}, 3))
+    assert board.refresh(Head("w1", 100, 3, 1), SEQ) == FULL_NEEDED  # nothing stored
+    board.publish(snapshot("w1", 200, {"container": ["a"], "volume": []}, 3), SEQ)
 
-    assert board.refresh(Head("w1", 150, 3)) == NEWER_STORED
+    assert board.refresh(Head("w1", 150, 3, 1), SEQ) == NEWER_STORED
     assert board.version("w1") == 200
-    assert board.refresh(Head("w1", 300, 4)) == FULL_NEEDED  # read at another generation
+    assert board.refresh(Head("w1", 300, 4, 1), SEQ) == FULL_NEEDED  # read at another generation
     assert board.version("w1") == 200
-    assert board.refresh(Head("w1", 300, 3)) == REFRESHED
+    assert board.refresh(Head("w1", 300, 3, 1), SEQ) == REFRESHED
     assert board.version("w1") == 300
     assert board.feedback("w1").destroying["container"] == ["a"]
 
 
-def test_a_snapshot_of_an_unknown_generation_is_never_refreshed(db, board):
-    board.publish(Snapshot("w9", 200, {"container": ["a"], "volume": []}, None))
-    assert board.refresh(Head("w9", 300, 0)) == FULL_NEEDED
-    assert board.version("w9") == 200
-
-
-def test_an_unknown_worker_gets_an_empty_snapshot(db, board):
-    publish_snapshot(db, board, "nobody")
-    assert board.feedback("nobody").destroying == {"container": [], "volume": []}
+def test_an_unknown_worker_gets_no_answer(db, board):
+    assert publish_snapshot(db, board, "nobody", SEQ) is None
+    feedback = board.feedback("nobody")
+    assert (feedback.stamp, feedback.destroy_list) == (None, None)
 
 
 @pytest.fixture
@@ -157,13 +158,13 @@ def test_a_head_read_with_the_key_refreshes_with_no_statement(
     worker = make_worker("w1")
     destroying(plane, "w1", "c-gone")
     worker.report(["c-gone"])
-    publish_snapshot(db, board, "w1")
+    publish_snapshot(db, board, "w1", SEQ)
     before = board.version("w1")
     advance(seconds=5)
-    head = Head("w1", before + 5_000_000, read_head(db, "w1").generation)
+    head = Head("w1", before + 5_000_000, read_head(db, "w1").generation, 1)
 
     statements.clear()
-    assert publish_snapshot(db, board, "w1", head) == head
+    assert publish_snapshot(db, board, "w1", SEQ, head) == head
     assert statements == []
     assert board.version("w1") == head.version
     assert board.feedback("w1").destroying["container"] == ["c-gone"]
@@ -173,14 +174,14 @@ def test_a_head_of_another_generation_gets_a_full_snapshot(plane, db, make_worke
     worker = make_worker("w1")
     created(plane, "w1", "c1")
     worker.report(["c1"])
-    publish_snapshot(db, board, "w1")
+    publish_snapshot(db, board, "w1", SEQ)
     stored = read_head(db, "w1")
     plane.scheduler.destroy_container("c1")
     advance(seconds=5)
     head = read_head(db, "w1")  # as a report's key lookup would read it now
     assert head.generation != stored.generation
 
-    published = publish_snapshot(db, board, "w1", head)
+    published = publish_snapshot(db, board, "w1", SEQ, head)
     assert isinstance(published, Snapshot)
     assert board.feedback("w1").destroying["container"] == ["c1"]
 

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 
 import click
@@ -57,6 +58,19 @@ def _require_broker(settings, command: str) -> None:
             "redis://127.0.0.1:6379/0); without one, run `gcworker up` (embedded mode)",
             2,
         )
+
+
+def _require_control_plane_key(settings, role: str) -> None:
+    """Rule 15: the key that signs (reconciler) or verifies (reporter) the control plane's
+    answers to workers, checked at start; a reconciler's private key is loaded once here."""
+    from gcworker.settings import SettingsError
+
+    try:
+        settings.require_control_plane_key(role)
+        if role != "reporter":
+            settings.control_plane_signing_key()
+    except (SettingsError, GcworkerError) as error:
+        _fail(str(error), 2)
 
 
 # Reporter ------------------------------------------------------------------------------------
@@ -106,7 +120,7 @@ class MeteredChannel:
 
 
 class MeteredRuntime:
-    """A runtime that counts listings and removals; a failed removal is logged, not fatal."""
+    """A runtime that counts listings and removals."""
 
     def __init__(self, runtime):
         self.runtime = runtime
@@ -129,16 +143,8 @@ class MeteredRuntime:
 
     def destroy(self, kind: str, handle: str) -> None:
         from gcworker import metrics
-        from gcworker.runtimes import RuntimeError_
 
-        try:
-            self.runtime.destroy(kind, handle)
-        except RuntimeError_ as error:
-            log.warning(
-                "removal failed: retried after the next report",
-                extra={"kind": kind, "handle": handle, "error": str(error)},
-            )
-            return
+        self.runtime.destroy(kind, handle)  # a failure is the reporter's to log and retry
         metrics.REPORTER_REMOVED.labels(kind).inc()
         log.info("removed", extra={"kind": kind, "handle": handle, "why": "destroying"})
 
@@ -153,7 +159,19 @@ class MeteredRuntime:
     help="Where the inventory comes from, e.g. dir:/var/lib/worker.",
 )
 @click.option("--ephemeral", is_flag=True, help="The worker's rows die with it (no stalling).")
-@click.option("--once", is_flag=True, help="One heartbeat and one report, then exit.")
+@click.option(
+    "--once",
+    is_flag=True,
+    help="One heartbeat and one report, then exit: 0 when the control plane acknowledged the "
+    "report, 1 when the listing failed or the report was rejected or not acknowledged in time.",
+)
+@click.option(
+    "--once-timeout",
+    default="30s",
+    show_default=True,
+    metavar="DURATION",
+    help="With --once and a broker: how long to wait for the control plane's answer.",
+)
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, help="Serve /metrics.")
 @click.option(
     "--key-file",
@@ -162,7 +180,7 @@ class MeteredRuntime:
     help="The worker's private key, to sign with. Env: GCWORKER_KEY_FILE.",
 )
 @click.pass_obj
-def reporter(obj, worker, runtime_spec, ephemeral, once, metrics_port, key_file):
+def reporter(obj, worker, runtime_spec, ephemeral, once, once_timeout, metrics_port, key_file):
     """Heartbeat and report WORKER's inventory, and remove what the control plane destroys.
 
     A new incarnation at each start; a heartbeat every heartbeat-interval and a complete report
@@ -174,11 +192,17 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, metrics_port, key_file)
     from gcworker.messages import check_worker_name
     from gcworker.reporter import Reporter
     from gcworker.runtimes import load_runtime
+    from gcworker.settings import parse_duration
 
     if key_file is not None:
         obj.overrides["key_file"] = key_file
     settings = obj.settings
+    _require_control_plane_key(settings, "reporter")
     check_worker_name(worker)
+    try:
+        once_timeout = parse_duration(once_timeout).total_seconds()
+    except ValueError as error:
+        _fail(f"--once-timeout: {error}", 2)
     runtime = MeteredRuntime(load_runtime(runtime_spec))
     stop = _stop_on_signals()
     if metrics_port:
@@ -204,10 +228,27 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, metrics_port, key_file)
         },
     )
     try:
-        agent.run(stop, once=once)
+        sent = agent.run(stop, once=once)
+        if once:
+            _finish_once(agent, sent, stop, once_timeout)
     finally:
         channel.close()
     log.info("reporter stopped", extra={"worker": worker})
+
+
+def _finish_once(agent, sent: bool, stop: threading.Event, timeout: float) -> None:
+    """`reporter --once`: exit 0 only once the control plane acknowledged the report."""
+    if not sent:
+        _fail(f"{agent.worker}: no report sent (the listing failed: see the log above)")
+    deadline = time.monotonic() + timeout
+    while not agent.acknowledged():
+        if stop.is_set() or time.monotonic() > deadline:
+            _fail(
+                f"{agent.worker}: the report was not acknowledged within {timeout:g}s: it was "
+                "rejected (see `gcworker dead-letters`) or no reconciler is running"
+            )
+        stop.wait(0.2)
+    click.echo(f"{agent.worker}: report acknowledged by the control plane")
 
 
 # Reconciler and beat -------------------------------------------------------------------------
@@ -245,6 +286,7 @@ def reconciler(obj, queues, concurrency, node_name, metrics_port):
 
     settings = obj.settings
     _require_broker(settings, "reconciler")
+    _require_control_plane_key(settings, "reconciler")
     obj.control_plane().close()  # the schema is current, or say so now
     env = processes.settings_environment(obj.overrides)
     if metrics_port:
@@ -309,6 +351,7 @@ def up(obj, flower, flower_port, metrics_port, concurrency):
         _up_embedded(plane, metrics_port)
     else:
         plane.close()
+        _require_control_plane_key(obj.settings, "reconciler")
         _up_broker(obj, flower, flower_port, metrics_port, concurrency)
 
 

@@ -177,9 +177,10 @@ class WorkerRepository:
         digest, with nothing changed since, is recorded as `record_report` would record it
         after `judge_report` (rules 6, 7), `report_may_mark` (rule 2) and `report_is_unchanged`
         all said yes and `after` is no later than now; rule 4's confirmation moves to
-        `confirmation_time(report_built_at(now, after), last_report_at)`. A transaction of its own (`execute_one`), so call it outside
-        any other. Returns the control plane's time, or None when any condition fails: nothing
-        was written, and the report needs the whole judgement."""
+        `confirmation_time(report_built_at(now, after), last_report_at)`. A transaction of
+        its own (`execute_one`), so call it outside any other. Returns the control plane's
+        time, or None when any condition fails: nothing was written, and the report needs the
+        whole judgement."""
         row = execute_one(
             self.db,
             _confirm_unchanged_statement(),
