@@ -64,6 +64,11 @@ def verify(public_key: str, payload: bytes, signature: str) -> bool:
     return True
 
 
+def parse_public_key(text: str) -> Ed25519PublicKey:
+    """A public key from its base64 text; raises ValueError for anything else."""
+    return _public_key(text)
+
+
 @functools.lru_cache(maxsize=4096)
 def _public_key(text: str) -> Ed25519PublicKey:
     """A registered key's text, parsed. Only the parsing is cached: which key is a worker's

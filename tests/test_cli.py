@@ -73,7 +73,10 @@ def test_cli_a_worker_session_with_json_listings(tmp_path, database_url, plane):
         return ok(gcworker(tmp_path, database_url, *args))
 
     key = tmp_path / "w1.key"
-    assert "public key registered" in run("keys", "generate", "w1", "--out", str(key))
+    public = run("keys", "generate", "w1", "--out", str(key)).strip()
+    public_file = tmp_path / "w1.pub"
+    public_file.write_text(public)
+    assert "public key registered" in run("keys", "register", "w1", "--public-key", str(public_file))
     signed = ("--key-file", str(key))
     rejected = gcworker(tmp_path, database_url, "heartbeat", "--worker", "w1")
     assert rejected.returncode == 1
@@ -175,3 +178,35 @@ def test_cli_rule14_a_bad_setting_exits_non_zero_with_one_line_naming_it(tmp_pat
     assert "GCWORKER_MISSING_GRACE_PERIOD=50s" in by_flag and "two report intervals" in by_flag
     assert "GCWORKER_HEARTBEAT_TTL=banana" in by_env and "not a duration" in by_env
     assert not (tmp_path / "never-created.db").exists()
+
+
+def test_cli_worker_and_control_plane_keys_are_made_without_database_access(tmp_path):
+    unreachable = "postgresql://nobody@127.0.0.1:1/none"
+    worker = ok(gcworker(tmp_path, unreachable, "keys", "generate", "w1", "--out", "w1.key"))
+    plane = ok(gcworker(tmp_path, unreachable, "keys", "generate-control-plane", "--out", "cp.key"))
+
+    for public, private in ((worker, "w1.key"), (plane, "cp.key")):
+        assert len(public.strip()) == 44 and public.strip().endswith("=")  # base64 of 32 bytes
+        assert (tmp_path / private).stat().st_mode & 0o777 == 0o600
+    again = gcworker(tmp_path, unreachable, "keys", "generate", "w1", "--out", "w1.key")
+    assert "already exists" in refused(again)
+
+
+@pytest.mark.backends("postgresql")
+def test_cli_keys_register_takes_the_public_half_from_stdin_and_refuses_garbage(
+    tmp_path, database_url, plane
+):
+    public = ok(gcworker(tmp_path, database_url, "keys", "generate", "w1", "--out", "w1.key"))
+    registered = subprocess.run(
+        [GCWORKER, "keys", "register", "w1", "--public-key", "-"],
+        input=public,
+        env={**os.environ, "GCWORKER_DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert registered.returncode == 0, registered.stderr
+    assert [k["public_key"] for k in plane.keys()] == [public.strip()]
+    (tmp_path / "bad.pub").write_text("not a key")
+    bad = gcworker(tmp_path, database_url, "keys", "register", "w2", "--public-key", "bad.pub")
+    assert "not an Ed25519 public key" in refused(bad)
