@@ -76,7 +76,8 @@ def test_cli_a_worker_session_with_json_listings(tmp_path, database_url, plane):
     public = run("keys", "generate", "w1", "--out", str(key)).strip()
     public_file = tmp_path / "w1.pub"
     public_file.write_text(public)
-    assert "public key registered" in run("keys", "register", "w1", "--public-key", str(public_file))
+    registered = run("keys", "register", "w1", "--public-key", str(public_file))
+    assert "public key registered" in registered
     signed = ("--key-file", str(key))
     rejected = gcworker(tmp_path, database_url, "heartbeat", "--worker", "w1")
     assert rejected.returncode == 1

@@ -107,7 +107,9 @@ def test_redis_restarted_during_a_run_stalls_no_one_and_deletes_nothing(database
         brake_min_workers=100,  # only the control plane's self-check may hold the brake
     )
     plane = ControlPlane(pipe.settings, db)
-    runtimes = {name: DirRuntime(str(tmp_path / f"runtime-{name}")) for name in ("w1", "w2")}
+    runtimes = {
+        name: DirRuntime(str(tmp_path / f"runtime-{name}")).declare_empty() for name in ("w1", "w2")
+    }
     try:
         reconciler = pipe.start_reconciler("r1", concurrency=2)
         beat = pipe.start_beat("b1")
@@ -398,7 +400,16 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
     handles = [f"c{i}" for i in range(9)]
     for handle in [*handles, "kept"]:
         create_on(plane, "w1", "container", handle)
-    plane.apply(Report(worker="w1", incarnation=1, seq=next(seq), containers=["kept"], volumes=[]))
+    plane.apply(
+        Report(
+            worker="w1",
+            incarnation=1,
+            seq=next(seq),
+            containers=["kept"],
+            volumes=[],
+            after=plane.now(),
+        )
+    )
     missing_since = min(c["missing_since"] for c in plane.containers() if c["handle"] != "kept")
     wait_for(
         lambda: _db_now(db) >= missing_since + timedelta(seconds=1.05),
@@ -406,7 +417,16 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
         what="the grace period to pass",
         interval=0.02,
     )
-    plane.apply(Report(worker="w1", incarnation=1, seq=next(seq), containers=["kept"], volumes=[]))
+    plane.apply(
+        Report(
+            worker="w1",
+            incarnation=1,
+            seq=next(seq),
+            containers=["kept"],
+            volumes=[],
+            after=plane.now(),
+        )
+    )
 
     reached, lock = tmp_path / "reached", tmp_path / "pause.lock"
     lock.touch()
@@ -504,7 +524,9 @@ def test_workers_clocks_hours_off_change_no_decision(database_url, db, tmp_path)
             if kind == "heartbeat":
                 pipe.send(Heartbeat(**common))
             else:
-                pipe.send(Report(**common, containers=[f"{name}-{h}" for h in present], volumes=[]))
+                handles = [f"{name}-{h}" for h in present]
+                # Dated as a reporter dates it: the control plane's time, read before building.
+                pipe.send(Report(**common, containers=handles, volumes=[], after=_db_now(db)))
 
         def applied():
             found = {w["name"]: w for w in plane.workers()}

@@ -66,7 +66,7 @@ def create_on(plane: ControlPlane, runtime: DirRuntime | None, worker: str, kind
 
 def test_reporter_with_dir_runtime_reaches_the_database(pipeline, plane, tmp_path):
     pipeline.start_reconciler("r1", concurrency=2)
-    runtime = DirRuntime(str(tmp_path / "runtime"))
+    runtime = DirRuntime(str(tmp_path / "runtime")).declare_empty()
     reporter = pipeline.start_reporter("w1", runtime.root, **FAST_REPORTER)
 
     wait_for(
@@ -99,7 +99,7 @@ def test_reporter_with_dir_runtime_reaches_the_database(pipeline, plane, tmp_pat
 
 def test_destroying_handles_leave_the_runtime_then_the_database(pipeline, plane, tmp_path):
     pipeline.start_reconciler("r1", concurrency=2)
-    runtime = DirRuntime(str(tmp_path / "runtime"))
+    runtime = DirRuntime(str(tmp_path / "runtime")).declare_empty()
     runtime.create("container", "unknown-1")  # on the worker, never recorded (rule 8)
     pipeline.start_reporter("w1", runtime.root, **FAST_REPORTER)
     wait_for(

@@ -28,7 +28,7 @@ class RecordingChannel(InProcessChannel):
 def reporting(plane, tmp_path):
     key = generate_private_key()
     plane.register_key("w1", public_key_text(key))
-    runtime = DirRuntime(str(tmp_path / "runtime"))
+    runtime = DirRuntime(str(tmp_path / "runtime")).declare_empty()
     channel = RecordingChannel(plane, private_key=key)
     reporter = Reporter(
         "w1", runtime, channel, heartbeat_interval=30, report_interval=30, full_report_every=4
