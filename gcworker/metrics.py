@@ -219,7 +219,7 @@ def set_states(gauge: Gauge, counts: dict[str, int], labels: Iterable[str]) -> N
     for label in labels:
         gauge.labels(label).set(counts.get(label, 0))
 for _answer in ("stamp", "destroylist"):
-    for _reason in ("untrusted", "stale", "future", "other_incarnation", "other_generation"):
+    for _reason in ("untrusted", "stale", "future", "other_incarnation"):
         REPORTER_ANSWERS_IGNORED.labels(_answer, _reason)
 for _why in ("invalid_listed", "invalid_named", "not_held"):
     REPORTER_HANDLES_SKIPPED.labels(_why)

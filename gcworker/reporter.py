@@ -13,8 +13,10 @@ is current when it is authentic, made for this worker's incarnation, and answers
 reporter sent within `answer_max_age` (an older one is stale, one naming a message it never
 sent is from the future). Reports built after reading a current stamp are dated with its time
 (`after`, rule 4); before any, reports are undated and confirm nothing. A destroy list is acted
-on only with a current stamp of the same incarnation and generation, and only for handles that
-are valid and that the runtime holds at this round's listing.
+on only with a current stamp of the same incarnation, when it was read within `answer_max_age`
+of that stamp (a list older than the newest changes is safe: `destroying` is terminal and
+handles are never reused; a replayed ancient one is stale), and only for handles that are valid
+and that the runtime holds at this round's listing.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Reporter:
         self._full_report_wanted = False
         self._stamp: Stamp | None = None  # the newest current stamp
         self._warned: set[str] = set()  # names already warned about (bounded)
+        self._complaints: set[tuple[str, str]] = set()  # answers warned about since the last
 
     @property
     def heard_at(self) -> datetime | None:
@@ -187,11 +190,15 @@ class Reporter:
             return {}
         if self._stamp is None or stamp.as_of > self._stamp.as_of:
             self._stamp = stamp
+        self._complaints.clear()  # the control plane answers again: warn afresh
         listed = feedback.destroy_list
         if listed is None:
             return {}
-        if (listed.incarnation, listed.generation) != (stamp.incarnation, stamp.generation):
-            self._ignored("destroylist", "other_generation", "not the stamp's generation")
+        if listed.incarnation != stamp.incarnation:
+            self._ignored("destroylist", "other_incarnation", f"incarnation {listed.incarnation}")
+            return {}
+        if abs(stamp.as_of - listed.as_of) > self.answer_max_age * 1e6:
+            self._ignored("destroylist", "stale", "read long before the current stamp")
             return {}
         return listed.by_kind()
 
@@ -206,11 +213,16 @@ class Reporter:
         return True
 
     def _ignored(self, answer: str, reason: str, detail: str) -> bool:
+        """Count an answer that is not current; warn once for each kind of complaint until the
+        control plane answers again (a restarted reporter reads its old life's answer until
+        its first heartbeat is answered: one line, not one per round)."""
         metrics.REPORTER_ANSWERS_IGNORED.labels(answer, reason).inc()
-        log.warning(
-            "control plane answer ignored: not current",
-            extra={"worker": self.worker, "answer": answer, "reason": reason, "detail": detail},
-        )
+        if (answer, reason) not in self._complaints:
+            self._complaints.add((answer, reason))
+            log.warning(
+                "control plane answer ignored: not current",
+                extra={"worker": self.worker, "answer": answer, "reason": reason, "detail": detail},
+            )
         return False
 
     def _act_on_feedback(self, inventory: Inventory) -> int:

@@ -71,24 +71,29 @@ def test_rule4_late_undated_reports_of_a_real_reporter_never_delete_a_live_conta
 
 
 @pytest.mark.backends("postgresql")
-def test_rule4_a_reporter_gets_a_date_from_the_answer_to_its_first_heartbeat(
-    database_url, db, tmp_path
-):
-    pipe = Pipeline(database_url, tmp_path, report_interval="0.5s", heartbeat_interval="0.5s")
+def test_rule4_the_answer_to_a_first_heartbeat_dates_the_first_report(database_url, db, tmp_path):
+    pipe = Pipeline(database_url, tmp_path)
     plane = ControlPlane(pipe.settings, db)
     runtime = DirRuntime(str(tmp_path / "runtime")).declare_empty()
+    channel = BrokerChannel(pipe.settings)
+    reporter = Reporter("w1", runtime, channel, heartbeat_interval=30, report_interval=30)
+    stamp_key = f"{pipe.namespace}:destroying:{{w1}}:stamp"
     try:
         pipe.start_reconciler("r1")
-        pipe.start_reporter("w1", runtime.root)
+        reporter.heartbeat()
+        wait_for(lambda: pipe.redis.exists(stamp_key), timeout=30, what="the heartbeat's answer")
+        assert reporter.report()
 
-        def confirmed_at():
+        def applied():
             row = next((w for w in plane.workers() if w["name"] == "w1"), None)
-            return row and row["last_report_at"]  # moved only by a dated report (rule 4)
+            return row if row and row["last_report_seq"] == reporter._last_seq else None
 
-        when = wait_for(confirmed_at, timeout=30, what="a dated report", details=pipe.logs)
+        row = wait_for(applied, timeout=30, what="the first report applied", details=pipe.logs)
     finally:
+        channel.close()
         pipe.close()
-    assert when <= plane.now()
+    assert row["last_report_at"] is not None  # moved only by a dated report (rule 4)
+    assert row["last_report_at"] <= plane.now()
 
 
 # Rule 15: answers written into Redis by anyone ------------------------------------------------
@@ -174,6 +179,19 @@ def test_rule15_answers_signed_with_another_key_remove_nothing(host):
     assert "after" not in host.last_report()
 
 
+def test_rule15_a_list_of_an_earlier_generation_still_removes_what_it_names(host):
+    """Destroying is terminal and handles are never reused: a list read before the worker's
+    rows changed again (the stamp of a later heartbeat) names only what must go."""
+    host.reporter.heartbeat()
+    seq = host.reporter._last_seq
+    answer(host.genuine, seq, "c1")
+    host.genuine.stamp(Head("w3", int(time.time() * 1e6) + 1000, 6, INCARNATION), seq)
+
+    host.reporter.report()
+
+    assert host.held() == []
+
+
 def test_rule15_a_genuine_current_answer_removes_the_handle_and_dates_the_reports(host):
     host.reporter.heartbeat()
     answer(host.genuine, host.reporter._last_seq, "c1", "c-not-held")
@@ -206,7 +224,7 @@ def test_rule15_a_signed_list_naming_paths_is_refused_whole(host):
 
 
 @pytest.mark.parametrize(
-    "case", ["other_incarnation", "future_message", "other_worker", "other_generation"]
+    "case", ["other_incarnation", "future_message", "other_worker", "list_read_long_before"]
 )
 def test_rule15_a_genuine_answer_that_is_not_current_removes_nothing(host, case):
     host.reporter.heartbeat()
@@ -225,9 +243,9 @@ def test_rule15_a_genuine_answer_that_is_not_current_removes_nothing(host, case)
             value = host.pipe.redis.get(f"elsewhere:destroying:{{w9}}:{name}")
             host.pipe.redis.set(f"{host.pipe.namespace}:destroying:{{w3}}:{name}", value)
         host.pipe.redis.delete(*host.pipe.redis.keys("elsewhere:*"))
-    else:  # a current stamp, but the list was read at another generation
-        answer(host.genuine, seq, "c1")
-        head = Head("w3", int(time.time() * 1e6) + 1000, 6, INCARNATION)
+    else:  # a current stamp, and a genuine list read long before it (replayed)
+        answer(host.genuine, seq, "c1", version=int(time.time() * 1e6) - 3600 * 10**6)
+        head = Head("w3", int(time.time() * 1e6), 6, INCARNATION)
         host.genuine.stamp(head, seq)
 
     host.reporter.report()
