@@ -168,7 +168,8 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(f"{ENV_PREFIX}{field.upper()}={value}: {message}") from None
     if settings.allow_unsigned:
         log.warning(
-            f"{ENV_PREFIX}ALLOW_UNSIGNED=true: unsigned messages are accepted, so any host that "
-            "reaches the broker can speak for any worker"
+            f"{ENV_PREFIX}ALLOW_UNSIGNED=true: unsigned messages are accepted, and reporters "
+            "accept unsigned answers, so any host that reaches the broker can speak for any "
+            "worker, and for the control plane"
         )
     return settings
