@@ -117,12 +117,13 @@ def _quietly(action, task_id) -> None:
 # Any other arguments than one envelope make a malformed envelope: rejected and dead-lettered.
 @app.task(name=HEARTBEAT_TASK, base=HeartbeatTask, **RETRY)
 def record_heartbeat(envelope=None, *_args, **_kwargs):
-    from gcworker.handoff import stamp_heartbeat
+    from gcworker.handoff import publish_snapshot
 
-    result = pipeline.receive(control_plane(), envelope, task="heartbeat")
+    plane = control_plane()
+    result = pipeline.receive(plane, envelope, task="heartbeat")
     if isinstance(result, HeartbeatResult) and result.outcome is not HeartbeatOutcome.REJECTED:
-        # Answered with a signed stamp: the worker's next reports carry a date (rule 4).
-        stamp_heartbeat(control_plane().db, board(), result.worker, result.seq)
+        # Answered like a report: the worker's next reports carry a date (rule 4) at once.
+        publish_snapshot(plane.db, board(), result.worker, result.seq)
 
 
 @app.task(name=REPORT_TASK, **RETRY)

@@ -179,27 +179,17 @@ def test_rule15_answers_signed_with_another_key_remove_nothing(host):
     assert "after" not in host.last_report()
 
 
-def test_rule15_a_list_of_an_earlier_generation_still_removes_what_it_names(host):
-    """Destroying is terminal and handles are never reused: a list read before the worker's
-    rows changed again (the stamp of a later heartbeat) names only what must go."""
-    host.reporter.heartbeat()
-    seq = host.reporter._last_seq
-    answer(host.genuine, seq, "c1")
-    host.genuine.stamp(Head("w3", int(time.time() * 1e6) + 1000, 6, INCARNATION), seq)
-
-    host.reporter.report()
-
-    assert host.held() == []
-
-
 def test_rule15_a_genuine_current_answer_removes_the_handle_and_dates_the_reports(host):
     host.reporter.heartbeat()
     answer(host.genuine, host.reporter._last_seq, "c1", "c-not-held")
+    assert host.reporter.report()  # the answer predates every listing: nothing removed yet
+    assert host.held() == ["c1"]
+    assert host.last_report()["after"]  # dated from the stamp, read before the listing
 
-    assert host.reporter.report()  # reads the answer after the report: removes c1
+    answer(host.genuine, host.reporter._last_seq, "c1", "c-not-held")  # answers that report
+    assert host.reporter.report()
+
     assert host.held() == []
-    host.reporter.report()
-    assert host.last_report()["after"]  # dated from the stamp
 
 
 def test_rule15_a_signed_list_naming_paths_is_refused_whole(host):
@@ -224,7 +214,7 @@ def test_rule15_a_signed_list_naming_paths_is_refused_whole(host):
 
 
 @pytest.mark.parametrize(
-    "case", ["other_incarnation", "future_message", "other_worker", "list_read_long_before"]
+    "case", ["other_incarnation", "future_message", "other_worker", "other_generation"]
 )
 def test_rule15_a_genuine_answer_that_is_not_current_removes_nothing(host, case):
     host.reporter.heartbeat()
@@ -243,14 +233,60 @@ def test_rule15_a_genuine_answer_that_is_not_current_removes_nothing(host, case)
             value = host.pipe.redis.get(f"elsewhere:destroying:{{w9}}:{name}")
             host.pipe.redis.set(f"{host.pipe.namespace}:destroying:{{w3}}:{name}", value)
         host.pipe.redis.delete(*host.pipe.redis.keys("elsewhere:*"))
-    else:  # a current stamp, and a genuine list read long before it (replayed)
-        answer(host.genuine, seq, "c1", version=int(time.time() * 1e6) - 3600 * 10**6)
-        head = Head("w3", int(time.time() * 1e6), 6, INCARNATION)
-        host.genuine.stamp(head, seq)
+    else:  # a current stamp, and a genuine list read at another generation (replayed)
+        answer(host.genuine, seq, "c1")
+        stamp = Head("w3", int(time.time() * 1e6) + 1000, 6, INCARNATION).stamp(seq)
+        sealed = seal(stamp, host.pipe.control_plane_key)
+        host.pipe.redis.set(f"{host.pipe.namespace}:destroying:{{w3}}:stamp", sealed)
 
     host.reporter.report()
 
     assert host.held() == ["c1"]
+
+
+def test_rule15_a_replayed_genuine_answer_never_removes_a_new_container_of_a_reused_handle(host):
+    """From the hostile review: anyone who can write to Redis keeps a genuine stamp and destroy
+    list naming c1 while c1 is destroying, and writes them back after c1 was removed, its row
+    deleted and a new c1 made (same worker, same incarnation, within answer_max_age)."""
+    base = f"{host.pipe.namespace}:destroying:{{w3}}"
+    host.reporter.heartbeat()
+    host.reporter.report()
+    answer(host.genuine, host.reporter._last_seq, "c1")  # genuine: c1 is destroying
+    captured = {k: host.pipe.redis.get(f"{base}:{k}") for k in ("stamp", "list")}
+    host.reporter.report()  # the answer covers a listing that held c1: removed
+    assert host.held() == []
+
+    answer(host.genuine, host.reporter._last_seq)  # genuine, newer: nothing to destroy
+    host.reporter.report()
+    host.runtime.create("container", "c1")  # c1's row deleted, a new c1 made: a reused handle
+    host.reporter.report()
+    for key, value in captured.items():  # the replay
+        host.pipe.redis.set(f"{base}:{key}", value)
+    host.reporter.report()
+    host.reporter.report()
+
+    assert host.held() == ["c1"]
+
+
+def test_rule4_a_first_report_is_never_dated_after_its_listing(host):
+    """From the hostile review: the answer to the first heartbeat lands while the runtime is
+    being listed; the report built from that listing must not carry that answer's time."""
+    listed_at: list[int] = []
+    board = host.genuine
+
+    class SlowListing(DirRuntime):
+        def inventory(self):
+            inventory = super().inventory()
+            listed_at.append(int(time.time() * 1e6))
+            answer(board, host.reporter._last_seq, version=listed_at[0] + 1)
+            return inventory
+
+    host.reporter.runtime = SlowListing(str(host.runtime.root))
+    host.reporter.heartbeat()
+
+    assert host.reporter.report()
+
+    assert "after" not in host.last_report()
 
 
 def test_rule15_a_replayed_stamp_of_a_message_sent_long_ago_is_stale(tmp_path):
