@@ -19,7 +19,7 @@ def bounded(text: str, limit: int) -> str:
     """`text`, or its start and end around a note of how many characters were left out."""
     if len(text) <= limit:
         return text
-    note = f"…[{len(text) - limit} more]…"
+    note = f"...[{len(text) - limit} more]..."
     keep = max(0, limit - len(note))
     return text[: keep - keep // 2] + note + text[len(text) - keep // 2 :]
 

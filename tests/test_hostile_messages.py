@@ -11,10 +11,14 @@ import sys
 import unicodedata
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from gcworker import pipeline
 from gcworker.codec import Rejected, decode
 from gcworker.logs import KeyValueFormatter
+from gcworker.reconcile import HeartbeatResult, ReportResult
 from gcworker.settings import load_settings
 from tests.conftest import created, states
 from tests.pipeline_support import Pipeline, wait_for
@@ -95,6 +99,64 @@ def test_a_hostile_message_is_dead_lettered_and_changes_nothing(running_plane, e
     for value in (letter["worker_name"] or "", letter["reason"], letter["excerpt"]):
         assert "\x00" not in value
         value.encode("utf-8")  # no lone surrogate
+
+
+any_text = st.text(st.characters(blacklist_categories=()), max_size=70) | st.sampled_from(
+    ["w" * 65, "w1\x00", "w1\ud800", "", "c1"]
+)
+edge_ints = st.integers() | st.sampled_from([2**63 - 1, 2**63, -1, 2**64, 0])
+edge_times = (
+    st.sampled_from(
+        [
+            "0001-01-01T00:00:00+14:00",
+            "9999-12-31T23:59:59-14:00",
+            "2024-11-29T17:07:22",
+            "1969-12-31T23:59:59Z",
+            "2199-12-31T23:59:59+00:00",
+            "2200-01-01T00:00:00Z",
+            "2024-11-29T17:07:22.045137Z",
+        ]
+    )
+    | st.datetimes().map(lambda t: t.isoformat())
+    | edge_ints
+    | st.floats()
+    | any_text
+)
+known_fields = st.fixed_dictionaries(
+    {"type": st.sampled_from(["heartbeat", "report"]) | any_text},
+    optional={
+        "version": edge_ints,
+        "worker": st.just("w1") | any_text,
+        "incarnation": edge_ints,
+        "seq": edge_ints,
+        "clock": edge_times,
+        "after": edge_times,
+        "ttl_seconds": st.floats() | edge_ints,
+        "containers": st.lists(st.just("c1") | any_text, max_size=3),
+        "volumes": st.lists(any_text, max_size=2),
+    },
+)
+hostile_fields = st.builds(
+    lambda known, unknown: {**unknown, **known},
+    known_fields,
+    st.dictionaries(any_text, edge_ints, max_size=1),
+)
+
+
+@hypothesis_settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(fields=hostile_fields, ascii_only=st.booleans())
+def test_fuzzed_messages_are_applied_or_dead_lettered_never_raised(plane, fields, ascii_only):
+    envelope = {"payload": json.dumps(fields, ensure_ascii=ascii_only)}
+    letters = len(plane.dead_letters())
+
+    result = pipeline.receive(plane, envelope, task="heartbeat")
+
+    if isinstance(result, Rejected):
+        assert len(plane.dead_letters()) == letters + 1
+    else:
+        assert isinstance(result, HeartbeatResult | ReportResult)
 
 
 def test_a_10mb_worker_name_is_dead_lettered_bounded_in_a_bounded_log_line(plane, caplog):
