@@ -48,9 +48,10 @@ _sketch.maxlevel, _sketch.maxstring, _sketch.maxother = 3, 120, 120
 
 def rejected_call(plane, task: str, args: tuple, kwargs: dict, *, takes: int) -> bool:
     """Whether the Celery task `gcworker.<task>` was called with other arguments than its
-    `takes` positional ones (1, an envelope, or none; what a broker message says is anyone's to write): such a call is
-    rejected like a malformed message, dead-lettered, counted and logged, and the task returns
-    normally, so that its message is acknowledged once rather than failed with a TypeError."""
+    `takes` positional ones (1, the envelope, or none): what a broker message says is anyone's
+    to write. Such a call is rejected like a malformed message (dead-lettered, counted, logged)
+    and the task returns normally, so that its message is acknowledged once instead of failing
+    with a TypeError."""
     if len(args) == takes and not kwargs:
         return False
     wanted = "one envelope" if takes else "no arguments"
