@@ -172,7 +172,7 @@ for _kind in KINDS:
     UNKNOWN_HANDLES.labels(_kind)
     ROWS_DELETED.labels(_kind, "missing")
     ROWS_DELETED.labels(_kind, "confirmed_destroyed")
-for _task in ("heartbeat", "report"):
+for _task in ("heartbeat", "report", "collect"):
     MESSAGES_REJECTED.labels(_task)
 
 
