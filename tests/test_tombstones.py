@@ -19,6 +19,7 @@ from gcworker.signing import generate_private_key, public_key_text
 from tasks.routing import task_for
 from tests.conftest import states
 from tests.pipeline_support import Pipeline, wait_for
+from tests.test_cli import gcworker, ok
 
 W2_KEY = generate_private_key()
 
@@ -154,6 +155,18 @@ def test_tombstones_prune_may_revoke_the_workers_key(database_url, db, advance):
     restarted = plane.receive(encode(Heartbeat(worker="w2", incarnation=2, seq=1), W2_KEY))
     assert restarted.reason == "no active key for worker 'w2' (unknown or revoked)"
     assert plane.workers() == []
+
+
+@pytest.mark.backends("sqlite")
+def test_tombstones_the_cli_prunes_and_revokes_the_key(tmp_path, database_url, db):
+    plane = signed_plane(database_url, db)
+    plane.receive(captured()[0])
+    plane.fleet.land("w2")
+
+    said = ok(gcworker(tmp_path, database_url, "workers", "prune", "--revoke-key", "w2"))
+
+    assert said.strip() == "worker w2: pruned with 0 containers and 0 volumes, its key revoked"
+    assert plane.workers() == [] and plane.keys()[0]["revoked_at"] is not None
 
 
 def test_tombstones_prune_with_revoke_key_and_no_key_deletes_nothing(plane, make_worker):
