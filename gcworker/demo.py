@@ -327,8 +327,7 @@ class SimulatedRuntime:
         self.lock = lock
         self.history = history
         self.reachable = True
-        for kind in KINDS:
-            (root / f"{kind}s").mkdir(parents=True, exist_ok=True)
+        self.dir.declare_empty()
 
     def inventory(self):
         if not self.reachable:
@@ -358,7 +357,7 @@ class SimulatedRuntime:
                 lost[key[0]] += 1
             for kind in KINDS:
                 shutil.rmtree(self.root / f"{kind}s", ignore_errors=True)
-                (self.root / f"{kind}s").mkdir(parents=True, exist_ok=True)
+            self.dir.declare_empty()
             return lost
 
     def vanish(self) -> None:

@@ -181,6 +181,7 @@ def test_seed_a_step_stuck_in_creating_for_a_day_is_failed_and_destroyed_rule10(
     assert [(e["action"], e["subject"]) for e in reversed(plane.events())] == [
         ("fail", "step"),
         ("destroy", "step"),
+        ("delete", "step"),  # rule 9, audited by the reconciler
     ]
 
 

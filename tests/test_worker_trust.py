@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -23,7 +24,7 @@ from gcworker.reporter import Reporter
 from gcworker.runtimes import RuntimeError_
 from gcworker.runtimes.dir import DirRuntime
 from gcworker.signing import generate_private_key, public_key_text, sign, write_private_key
-from tests.conftest import states
+from tests.conftest import created, states
 from tests.pipeline_support import GCWORKER, Pipeline, wait_for
 
 INCARNATION = 7
@@ -308,7 +309,6 @@ def test_rule15_the_dir_runtime_refuses_names_that_leave_its_root(tmp_path):
     runtime = DirRuntime(str(tmp_path / "runtime")).declare_empty()
     victim = tmp_path / "victim"
     victim.mkdir()
-    (runtime.root / "containers").mkdir()
     (runtime.root / "containers" / "link").symlink_to(victim)
     for name in ("../../victim", str(victim), "..", "link"):
         with pytest.raises(RuntimeError_):
@@ -356,7 +356,9 @@ def embedded_plane(tmp_path):
     db.dispose()
 
 
-@pytest.mark.parametrize("root", ["missing", "file", "empty mount point"])
+@pytest.mark.parametrize(
+    "root", ["missing", "file", "empty mount point", "containers gone", "containers unmounted"]
+)
 def test_fail_closed_a_runtime_root_that_cannot_be_trusted_sends_no_report(
     tmp_path, embedded_plane, root
 ):
@@ -365,6 +367,11 @@ def test_fail_closed_a_runtime_root_that_cannot_be_trusted_sends_no_report(
         path.write_text("")
     elif root == "empty mount point":
         path.mkdir()
+    elif root != "missing":
+        DirRuntime(str(path)).create("volume", "v1")
+        shutil.rmtree(path / "containers")
+        if root == "containers unmounted":  # the mount point is there, empty: no marker
+            (path / "containers").mkdir()
     embedded_plane.scheduler  # noqa: B018 - the plane exists: a report would reach it
     result = run_reporter(tmp_path, f"dir:{path}", key_file=tmp_path / "w1.key")
 
@@ -426,3 +433,45 @@ def test_fail_closed_a_failing_removal_is_logged_and_tried_again(plane, tmp_path
     assert runtime.inventory().containers == ["stray"]
     assert reporter.report()  # tried again
     assert runtime.inventory().containers == []
+
+
+def test_fail_closed_a_containers_folder_gone_for_a_while_loses_nothing(plane, advance, tmp_path):
+    """From the hostile review: `containers/` renamed away (or its disk not mounted) while
+    `volumes/` is there: no report at all, so nothing is marked, deleted, or later removed."""
+    from gcworker.delivery import InProcessChannel
+
+    runtime = DirRuntime(str(tmp_path / "runtime"))
+    runtime.create("volume", "v1")
+    key = generate_private_key()
+    plane.register_key("w1", public_key_text(key))
+    reporter = Reporter(
+        "w1",
+        runtime,
+        InProcessChannel(plane, private_key=key),
+        heartbeat_interval=30,
+        report_interval=30,
+    )
+    reporter.heartbeat()
+    created(plane, "w1", "c1")
+    created(plane, "w1", "v1", kind="volume")
+    runtime.create("container", "c1")
+    (runtime.root / "containers" / "c1" / "data").write_text("precious")
+    reporter.report()
+    assert states(plane) == {"c1": ("created", False)}
+
+    folder = runtime.root / "containers"
+    folder.rename(runtime.root / "elsewhere")
+    folder.mkdir()  # what an unmounted disk's mount point looks like
+    for _ in range(3):
+        advance(minutes=6)
+        reporter.heartbeat()
+        assert not reporter.report()
+    plane.collect()
+    folder.rmdir()
+    (runtime.root / "elsewhere").rename(folder)
+    for _ in range(2):
+        reporter.heartbeat()
+        assert reporter.report()
+
+    assert (folder / "c1" / "data").is_file()
+    assert states(plane) == {"c1": ("created", False)}
