@@ -149,6 +149,11 @@ REPORTER_REMOVED = Counter(
     "Handles the reporter removed because the control plane holds them as destroying.",
     ["kind"],
 )
+SWEEP_FAILURES = Counter(
+    "gcworker_reporter_sweep_failures",
+    "Removals of destroying handles that failed or timed out (retried on a later round).",
+    ["kind", "reason"],
+)
 
 for _outcome in REPORT_OUTCOMES:
     REPORTS.labels(_outcome)
@@ -160,6 +165,8 @@ for _kind in KINDS:
     UNKNOWN_HANDLES.labels(_kind)
     ROWS_DELETED.labels(_kind, "missing")
     ROWS_DELETED.labels(_kind, "confirmed_destroyed")
+    for _reason in ("error", "timeout"):
+        SWEEP_FAILURES.labels(_kind, _reason)
 for _task in ("heartbeat", "report"):
     MESSAGES_REJECTED.labels(_task)
 

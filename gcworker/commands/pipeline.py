@@ -110,6 +110,7 @@ class MeteredRuntime:
 
     def __init__(self, runtime):
         self.runtime = runtime
+        self.last_listing_failed = False
 
     def inventory(self):
         from gcworker import metrics
@@ -119,7 +120,9 @@ class MeteredRuntime:
             inventory = self.runtime.inventory()
         except RuntimeError_:
             metrics.REPORTER_LISTING_FAILURES.inc()
+            self.last_listing_failed = True
             raise
+        self.last_listing_failed = False
         metrics.REPORTER_HANDLES.labels("container").set(len(inventory.containers))
         metrics.REPORTER_HANDLES.labels("volume").set(len(inventory.volumes))
         return inventory
@@ -207,6 +210,8 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, metrics_port, key_file)
         agent.run(stop, once=once)
     finally:
         channel.close()
+    if once and runtime.last_listing_failed:
+        raise GcworkerError(f"the listing of {runtime_spec} failed: no report sent")
     log.info("reporter stopped", extra={"worker": worker})
 
 
