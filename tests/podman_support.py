@@ -51,6 +51,8 @@ class PodmanService:
         command = ["podman", "--root", str(self.base / "root"), "--runroot", str(self.base / "run")]
         command += ["--tmpdir", str(self.base / "tmp"), "--storage-driver", "vfs"]
         command += ["system", "service", "--time=0", self.url]
+        if shutil.which("podman") is None:
+            raise AssertionError("podman is not installed: apt-get install podman runc (.ci/run)")
         with open(self.base / "podman.log", "ab") as log:
             self.proc = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -89,10 +91,12 @@ class PodmanService:
         the service by its PID."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        client = self.client()
-        for container in client.containers(all=True):
-            client.remove_container(container["Id"], force=True, v=True)
-        self.proc.send_signal(signal.SIGTERM)
+        try:
+            client = self.client()
+            for container in client.containers(all=True):
+                client.remove_container(container["Id"], force=True, v=True)
+        finally:
+            self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
