@@ -21,6 +21,7 @@ from pathlib import Path
 
 import docker
 
+from gcworker.runtimes.docker import API_VERSION
 from tests.pipeline_support import wait_for
 
 CONTAINERS_CONF = """\
@@ -74,7 +75,7 @@ class PodmanService:
         return (self.base / "podman.log").read_text(errors="replace")[-3000:]
 
     def client(self) -> docker.APIClient:
-        return docker.APIClient(base_url=self.url, version="auto", timeout=30)
+        return docker.APIClient(base_url=self.url, version=API_VERSION, timeout=30)
 
     def import_image(self) -> None:
         """Import `self.image` from a tarball built here (no registry, no network)."""

@@ -196,6 +196,30 @@ def test_an_engine_serving_several_workers_lists_each_only_its_own(engine, podma
         other.destroy("container", "theirs")
 
 
+def test_destroy_removes_only_the_handle_named(engine, podman):
+    # Podman 4.3 ORs several label filters on volumes: "this handle" or "this worker" must not
+    # select every object of the worker.
+    for kind in ("container", "volume"):
+        engine.create(kind, "target")
+        engine.create(kind, "bystander")
+
+    engine.destroy("container", "target")
+    engine.destroy("volume", "target")
+
+    assert engine.inventory() == Inventory(containers=["bystander"], volumes=["bystander"])
+
+
+def test_a_handle_that_is_no_valid_name_is_created_listed_and_removed_by_its_label(engine):
+    engine.create("container", "w1:c1")  # `:` is no valid name: the engine names it
+    engine.create("volume", "w1:v1")
+    assert engine.inventory() == Inventory(containers=["w1:c1"], volumes=["w1:v1"])
+
+    engine.destroy("container", "w1:c1")
+    engine.destroy("volume", "w1:v1")
+
+    assert engine.inventory() == Inventory(containers=[], volumes=[])
+
+
 def test_destroying_a_container_removes_its_anonymous_volumes_not_named_ones(engine, podman):
     client = podman.client()
     engine.create("volume", "named")

@@ -14,6 +14,7 @@ labels. `image` is the image of the containers `create` makes (the demo's schedu
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qs
 
 import docker
@@ -23,11 +24,14 @@ from gcworker.runtimes import Inventory, RuntimeError_
 
 HANDLE_LABEL = "gcworker.handle"
 WORKER_LABEL = "gcworker.worker"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # what the engine accepts as a name
 # Every API call returns or fails within this, so a hung engine is a failed listing or removal,
 # never a reporter (or a sweeper thread) waiting forever.
 API_TIMEOUT_SECONDS = 60
+# Docker Engine 20.10 and Podman 4 serve it; newer engines still accept it.
+API_VERSION = "1.41"
 # What the SDK raises when the engine is unreachable, answers an error or times out.
-_ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
+ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 
 
 def from_spec(argument: str) -> DockerRuntime:
@@ -65,16 +69,16 @@ class DockerRuntime:
     def __repr__(self) -> str:
         return f"DockerRuntime({self.url or 'DOCKER_HOST'}, worker={self.worker})"
 
-    def _client(self) -> docker.APIClient:
-        # Made on first use (the SDK asks the engine its API version): an engine that is down
-        # when the reporter starts is a failed listing, retried at the next report.
+    def client(self) -> docker.APIClient:
+        # The API version is fixed, not negotiated: asking the engine (`/version`) costs Podman
+        # seconds, and every call the runtime makes exists in that version.
         if self._api is None:
             if self.url:
                 self._api = docker.APIClient(
-                    base_url=self.url, version="auto", timeout=self.timeout
+                    base_url=self.url, version=API_VERSION, timeout=self.timeout
                 )
             else:
-                self._api = docker.from_env(version="auto", timeout=self.timeout).api
+                self._api = docker.from_env(version=API_VERSION, timeout=self.timeout).api
         return self._api
 
     def _labels(self, handle: str | None = None) -> list[str]:
@@ -93,27 +97,43 @@ class DockerRuntime:
             return None
         return labels[HANDLE_LABEL]
 
-    def _containers(self, handle: str | None = None) -> list[dict]:
-        found = self._client().containers(all=True, filters={"label": self._labels(handle)})
-        # Filter again on our side: ownership must not rest on the engine's filter alone.
-        return [c for c in found if self._owned(c.get("Labels")) is not None]
+    def _mine(self, found: list[dict], handle: str | None) -> list[dict]:
+        """The objects of `found` that are this worker's (labelled `handle`, if given). The
+        engine's label filter only narrows the listing: Podman 4.3 ORs several labels on
+        volumes, so ownership must not rest on it."""
+        return [
+            o
+            for o in found
+            if (owned := self._owned(o.get("Labels"))) is not None
+            and (handle is None or owned == handle)
+        ]
 
-    def _volumes(self, handle: str | None = None) -> list[dict]:
-        found = self._client().volumes(filters={"label": self._labels(handle)}) or {}
-        return [v for v in found.get("Volumes") or [] if self._owned(v.get("Labels")) is not None]
+    def owned_containers(self, handle: str | None = None) -> list[dict]:
+        """This worker's containers (all states; labelled `handle`, if given), as the API
+        lists them."""
+        found = self.client().containers(all=True, filters={"label": self._labels(handle)})
+        return self._mine(found, handle)
+
+    def owned_volumes(self, handle: str | None = None) -> list[dict]:
+        """This worker's volumes (labelled `handle`, if given), as the API lists them."""
+        found = self.client().volumes(filters={"label": self._labels(handle)}) or {}
+        return self._mine(found.get("Volumes") or [], handle)
 
     def inventory(self) -> Inventory:
         try:
-            containers = {self._owned(c["Labels"]) for c in self._containers()}
-            volumes = {self._owned(v["Labels"]) for v in self._volumes()}
-        except _ENGINE_ERRORS as error:
-            raise RuntimeError_(f"cannot list {self!r}: {_short(error)}") from error
+            containers = {self._owned(c["Labels"]) for c in self.owned_containers()}
+            volumes = {self._owned(v["Labels"]) for v in self.owned_volumes()}
+        except ENGINE_ERRORS as error:
+            raise RuntimeError_(f"cannot list {self!r}: {short(error)}") from error
         return Inventory(containers=sorted(containers), volumes=sorted(volumes))
 
     def create(self, kind: str, handle: str) -> None:
+        """Create a container (not started) or a volume labelled with `handle`, named after it
+        when the handle is a valid name (`:` is not), else named by the engine."""
         labels = {HANDLE_LABEL: handle}
         if self.worker is not None:
             labels[WORKER_LABEL] = self.worker
+        name = handle if NAME.fullmatch(handle) else None
         try:
             if kind == "container":
                 if not self.image:
@@ -121,11 +141,11 @@ class DockerRuntime:
                         "the docker runtime creates containers from an image: "
                         "docker:URL?image=IMAGE"
                     )
-                self._client().create_container(self.image, name=handle, labels=labels)
+                self.client().create_container(self.image, name=name, labels=labels)
             else:
-                self._client().create_volume(name=handle, labels=labels)
-        except _ENGINE_ERRORS as error:
-            raise RuntimeError_(f"cannot create {kind} {handle}: {_short(error)}") from error
+                self.client().create_volume(name=name, labels=labels)
+        except ENGINE_ERRORS as error:
+            raise RuntimeError_(f"cannot create {kind} {handle}: {short(error)}") from error
 
     def destroy(self, kind: str, handle: str) -> None:
         """Remove this worker's objects labelled with `handle`: a container by force with its
@@ -134,11 +154,11 @@ class DockerRuntime:
         not this worker's is refused."""
         try:
             if kind == "container":
-                owned = [c["Id"] for c in self._containers(handle)]
+                owned = [c["Id"] for c in self.owned_containers(handle)]
                 remove = self._remove_container
             else:
-                owned = [v["Name"] for v in self._volumes(handle)]
-                remove = self._client().remove_volume
+                owned = [v["Name"] for v in self.owned_volumes(handle)]
+                remove = self.client().remove_volume
             if not owned:
                 self._refuse_if_present(kind, handle)
             for name in owned:
@@ -151,17 +171,17 @@ class DockerRuntime:
             raise RuntimeError_(
                 f"cannot remove {kind} {handle}"
                 + (" (in use: retried on a later round)" if in_use else "")
-                + f": {_short(error)}"
+                + f": {short(error)}"
             ) from error
-        except _ENGINE_ERRORS as error:
-            raise RuntimeError_(f"cannot remove {kind} {handle}: {_short(error)}") from error
+        except ENGINE_ERRORS as error:
+            raise RuntimeError_(f"cannot remove {kind} {handle}: {short(error)}") from error
 
     def _remove_container(self, container_id: str) -> None:
-        self._client().remove_container(container_id, v=True, force=True)
+        self.client().remove_container(container_id, v=True, force=True)
 
     def _refuse_if_present(self, kind: str, handle: str) -> None:
         """None of ours is labelled `handle`; one that merely bears its name is not ours."""
-        client = self._client()
+        client = self.client()
         try:
             if kind == "container":
                 labels = client.inspect_container(handle)["Config"].get("Labels")
@@ -173,6 +193,6 @@ class DockerRuntime:
             raise RuntimeError_(f"refused to remove {kind} {handle}: not this worker's (labels)")
 
 
-def _short(error: Exception, limit: int = 300) -> str:
+def short(error: Exception, limit: int = 300) -> str:
     text = str(error)
     return text if len(text) <= limit else text[: limit - 3] + "..."
