@@ -8,6 +8,11 @@ objects. Never skipped: CI installs podman (.ci/run).
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import uuid
@@ -18,6 +23,7 @@ import pytest
 
 from gcworker.commands.pipeline import MeteredRuntime
 from gcworker.delivery import InProcessChannel
+from gcworker.demo_engine import RUN_PREFIX
 from gcworker.reporter import Reporter
 from gcworker.runtimes import Inventory, RuntimeError_, load_runtime
 from gcworker.runtimes.docker import HANDLE_LABEL, WORKER_LABEL, DockerRuntime
@@ -373,3 +379,64 @@ def test_the_spec_names_the_engine_the_worker_and_the_image(podman, monkeypatch)
     assert isinstance(default.inventory(), Inventory)  # read through DOCKER_HOST
     with pytest.raises(RuntimeError_, match="unknown option"):
         load_runtime(f"docker:{podman.url}?colour=blue")
+
+
+# The demo on the engine ------------------------------------------------------------------------
+
+
+def demo_objects(podman) -> tuple[list, list, list]:
+    """What any demo run left on the engine: containers, volumes, images."""
+    client = podman.client()
+    label = {"label": WORKER_LABEL}
+    left = [
+        [c["Labels"][WORKER_LABEL] for c in client.containers(all=True, filters=label)],
+        [v["Labels"][WORKER_LABEL] for v in client.volumes(filters=label)["Volumes"] or []],
+        [tag for image in client.images() for tag in image.get("RepoTags") or []],
+    ]
+    return tuple([x for x in found if RUN_PREFIX in x] for found in left)
+
+
+def demo(tmp_path, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GCWORKER_")}
+    argv = [sys.executable, "-m", "gcworker.cli", "demo", "--plain", *args]
+    return subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def test_demo_runs_on_the_engine_and_removes_everything_it_made(podman, tmp_path):
+    proc = demo(tmp_path, "--runtime", f"docker:{podman.url}", "--workers", "4", "--duration", "12")
+    out, _ = proc.communicate(timeout=180)
+
+    assert proc.returncode == 0, out
+    assert re.search(r"^verdict: database and workers agree \(", out, re.M), out
+    assert re.search(r"^rows wrongly deleted: 0$", out, re.M), out
+    assert re.search(r"^worker-2: runtime restarted at .*, lost [1-9]", out, re.M), out
+    assert re.search(r"^engine: removed [1-9]\d* objects and the image ", out, re.M), out
+    assert demo_objects(podman) == ([], [], [])
+
+
+def test_demo_interrupted_removes_everything_it_made(podman, tmp_path):
+    proc = demo(tmp_path, "--runtime", f"docker:{podman.url}", "--workers", "4", "--duration", "60")
+    try:
+        wait_for(
+            lambda: any(demo_objects(podman)[0]), timeout=60, what="the demo to create containers"
+        )
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    assert proc.returncode != 0, out
+    assert demo_objects(podman) == ([], [], []), out
+
+
+def test_demo_on_an_engine_that_does_not_answer_says_so_in_one_line(tmp_path):
+    url = f"unix://{tmp_path}/nothing.sock"
+    proc = demo(tmp_path, "--runtime", f"docker:{url}", "--workers", "4", "--duration", "12")
+    out, _ = proc.communicate(timeout=60)
+
+    assert proc.returncode == 1, out
+    assert f"gcworker demo: could not run: the engine {url} does not answer" in out
