@@ -196,10 +196,21 @@ def test_an_engine_serving_several_workers_lists_each_only_its_own(engine, podma
     try:
         assert engine.inventory().containers == ["mine"]
         assert other.inventory().containers == ["theirs"]
-        everyone = DockerRuntime(podman.url).inventory().containers
-        assert {"mine", "theirs"} <= set(everyone)  # one worker per engine: no worker label
     finally:
         other.destroy("container", "theirs")
+
+
+def test_a_reporter_that_names_no_worker_refuses_an_engine_serving_several(engine, podman):
+    """Unnamed, it would report every worker's objects as its own, and remove them once its
+    control plane, not knowing them, destroys them: it sends no report instead."""
+    engine.create("volume", "theirs")
+    unnamed = DockerRuntime(podman.url)
+
+    with pytest.raises(RuntimeError_, match=r"serves several workers.*\?worker="):
+        unnamed.inventory()
+    with pytest.raises(RuntimeError_, match="serves several workers"):
+        unnamed.destroy("volume", "theirs")
+    assert engine.inventory().volumes == ["theirs"]
 
 
 def test_destroy_removes_only_the_handle_named(engine, podman):

@@ -9,7 +9,9 @@ Ownership: an object belongs to gcworker only when it carries the label `gcworke
 handle is that label's value. Nothing without the label is ever listed or removed. An engine may
 serve several workers only if each object also carries `gcworker.worker=NAME` and each reporter
 names its worker in the spec (`?worker=NAME`): it then lists and removes only objects with both
-labels. `image` is the image of the containers `create` makes (the demo's scheduler side).
+labels. A runtime that names no worker refuses (a failed listing, so no report) an engine where
+any object carries `gcworker.worker`: it would take every worker's objects for its own.
+`image` is the image of the containers `create` makes (the demo's scheduler side).
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class DockerRuntime:
         labels = labels or {}
         if HANDLE_LABEL not in labels:
             return None
-        if self.worker is not None and labels.get(WORKER_LABEL) != self.worker:
+        if labels.get(WORKER_LABEL) != self.worker:
             return None
         return labels[HANDLE_LABEL]
 
@@ -101,6 +103,11 @@ class DockerRuntime:
         """The objects of `found` that are this worker's (labelled `handle`, if given). The
         engine's label filter only narrows the listing: Podman 4.3 ORs several labels on
         volumes, so ownership must not rest on it."""
+        if self.worker is None and any(WORKER_LABEL in (o.get("Labels") or {}) for o in found):
+            raise RuntimeError_(
+                f"{self!r}: the engine serves several workers (objects labelled "
+                f"{WORKER_LABEL}): name this one with docker:URL?worker=NAME"
+            )
         return [
             o
             for o in found
