@@ -153,7 +153,7 @@ class MeteredRuntime:
     "runtime_spec",
     required=True,
     metavar="KIND:ARG",
-    help="Where the inventory comes from, e.g. dir:/var/lib/worker.",
+    help="Where the inventory comes from: dir:PATH, or docker[:URL][?worker=NAME] (Docker/Podman).",
 )
 @click.option("--ephemeral", is_flag=True, help="The worker's rows die with it (no stalling).")
 @click.option("--once", is_flag=True, help="One heartbeat and one report, then exit.")
