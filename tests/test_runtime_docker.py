@@ -321,6 +321,10 @@ def test_a_stopped_engine_is_a_listing_failure_no_report_nothing_marked(
         assert once.returncode != 0, once.stderr
         assert "no report sent" in once.stderr
         assert states(plane) == {"c1": ("created", False)}
+
+        service.start()  # the engine is back: the same runtime reads it again
+        runtime.create("container", "c2")
+        assert runtime.inventory().containers == ["c2"]  # (stop() removed c1)
     finally:
         service.stop()
         service.remove_storage()
@@ -388,8 +392,9 @@ def test_the_spec_names_the_engine_the_worker_and_the_image(podman, monkeypatch)
     default = load_runtime("docker")
     assert default.url is None
     assert isinstance(default.inventory(), Inventory)  # read through DOCKER_HOST
-    with pytest.raises(RuntimeError_, match="unknown option"):
-        load_runtime(f"docker:{podman.url}?colour=blue")
+    for bad in ("colour=blue", "worker", "worker=", "worker=a&worker=b"):
+        with pytest.raises(RuntimeError_, match=f"bad option '{bad.split('&')[-1]}'"):
+            load_runtime(f"docker:{podman.url}?{bad}")
 
 
 # The demo on the engine ------------------------------------------------------------------------

@@ -17,7 +17,6 @@ any object carries `gcworker.worker`: it would take every worker's objects for i
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qs
 
 import docker
 import requests
@@ -39,18 +38,16 @@ ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestExcep
 def from_spec(argument: str) -> DockerRuntime:
     """The runtime named by the part of a spec after `docker:`."""
     url, _, query = argument.partition("?")
-    options = parse_qs(query, strict_parsing=bool(query), keep_blank_values=False)
-    unknown = set(options) - {"worker", "image"}
-    if unknown:
-        raise RuntimeError_(
-            f"unknown option(s) {', '.join(sorted(unknown))} in docker:{argument} "
-            "(known: worker, image)"
-        )
-    return DockerRuntime(
-        url or None,
-        worker=options.get("worker", [None])[-1],
-        image=options.get("image", [None])[-1],
-    )
+    options: dict[str, str] = {}
+    for field in filter(None, query.split("&")):
+        key, _, value = field.partition("=")
+        if key not in ("worker", "image") or not value or key in options:
+            raise RuntimeError_(
+                f"docker:{argument}: bad option {field!r} "
+                "(write docker:URL?worker=NAME&image=IMAGE, each option at most once)"
+            )
+        options[key] = value
+    return DockerRuntime(url or None, **options)
 
 
 class DockerRuntime:
