@@ -21,7 +21,6 @@ from pathlib import Path
 
 import docker
 
-from gcworker.runtimes.docker import API_VERSION
 from tests.pipeline_support import wait_for
 
 CONTAINERS_CONF = """\
@@ -75,7 +74,8 @@ class PodmanService:
         return (self.base / "podman.log").read_text(errors="replace")[-3000:]
 
     def client(self) -> docker.APIClient:
-        return docker.APIClient(base_url=self.url, version=API_VERSION, timeout=30)
+        # Podman 4.3 serves API 1.41; a fixed version spares a `/version` call per client.
+        return docker.APIClient(base_url=self.url, version="1.41", timeout=30)
 
     def import_image(self) -> None:
         """Import `self.image` from a tarball built here (no registry, no network)."""

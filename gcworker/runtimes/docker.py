@@ -29,8 +29,9 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # what the engine accepts as a
 # Every API call returns or fails within this, so a hung engine is a failed listing or removal,
 # never a reporter (or a sweeper thread) waiting forever.
 API_TIMEOUT_SECONDS = 60
-# Docker Engine 20.10 and Podman 4 serve it; newer engines still accept it.
-API_VERSION = "1.41"
+# engine URL (None: DOCKER_HOST) -> the API version it answered, so that runtimes made later
+# (the demo makes one per worker) do not each ask again.
+_api_versions: dict[str | None, str] = {}
 # What the SDK raises when the engine is unreachable, answers an error or times out.
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 
@@ -69,15 +70,17 @@ class DockerRuntime:
         return f"DockerRuntime({self.url or 'DOCKER_HOST'}, worker={self.worker})"
 
     def client(self) -> docker.APIClient:
-        # The API version is fixed, not negotiated: asking the engine (`/version`) costs Podman
-        # seconds, and every call the runtime makes exists in that version.
+        """The engine's API client, made on first use (an engine down when the reporter starts
+        is a failed listing, not a crash), speaking the API version the engine serves: asked
+        once per engine and process, since the question costs Podman seconds."""
         if self._api is None:
+            version = _api_versions.get(self.url, "auto")
             if self.url:
-                self._api = docker.APIClient(
-                    base_url=self.url, version=API_VERSION, timeout=self.timeout
-                )
+                api = docker.APIClient(base_url=self.url, version=version, timeout=self.timeout)
             else:
-                self._api = docker.from_env(version=API_VERSION, timeout=self.timeout).api
+                api = docker.from_env(version=version, timeout=self.timeout).api
+            _api_versions[self.url] = api.api_version
+            self._api = api
         return self._api
 
     def _labels(self, handle: str | None = None) -> list[str]:
