@@ -152,7 +152,8 @@ REPORTER_REMOVED = Counter(
 REPORTER_ANSWERS_IGNORED = Counter(
     "gcworker_reporter_answers_ignored",
     "Control-plane answers (stamp, destroy list) the reporter ignored, by answer and reason "
-    "(untrusted: unsigned or forged; stale, future, other_incarnation: not current).",
+    "(untrusted: unsigned or forged; stale, future, other_incarnation: not current; "
+    "other_generation: a list awaiting its newer version).",
     ["answer", "reason"],
 )
 REPORTER_HANDLES_SKIPPED = Counter(
@@ -160,6 +161,11 @@ REPORTER_HANDLES_SKIPPED = Counter(
     "Entries the reporter skipped: listed by the runtime but no valid handle (never reported), "
     "or named for removal but invalid or not held by the runtime (never removed).",
     ["why"],
+)
+SWEEP_FAILURES = Counter(
+    "gcworker_reporter_sweep_failures",
+    "Removals of destroying handles that failed or timed out (retried on a later round).",
+    ["kind", "reason"],
 )
 
 for _outcome in REPORT_OUTCOMES:
@@ -172,6 +178,8 @@ for _kind in KINDS:
     UNKNOWN_HANDLES.labels(_kind)
     ROWS_DELETED.labels(_kind, "missing")
     ROWS_DELETED.labels(_kind, "confirmed_destroyed")
+    for _reason in ("error", "timeout"):
+        SWEEP_FAILURES.labels(_kind, _reason)
 for _task in ("heartbeat", "report", "collect"):
     MESSAGES_REJECTED.labels(_task)
 
@@ -219,7 +227,7 @@ def set_states(gauge: Gauge, counts: dict[str, int], labels: Iterable[str]) -> N
     for label in labels:
         gauge.labels(label).set(counts.get(label, 0))
 for _answer in ("stamp", "destroylist"):
-    for _reason in ("untrusted", "stale", "future", "other_incarnation"):
+    for _reason in ("untrusted", "stale", "future", "other_incarnation", "other_generation"):
         REPORTER_ANSWERS_IGNORED.labels(_answer, _reason)
 for _why in ("invalid_listed", "invalid_named", "not_held"):
     REPORTER_HANDLES_SKIPPED.labels(_why)

@@ -35,6 +35,7 @@ from gcworker.delivery import Channel, Feedback
 from gcworker.messages import HANDLE_PATTERN, Heartbeat, Report, UnchangedReport
 from gcworker.rules import report_digest
 from gcworker.runtimes import Inventory, Runtime, RuntimeError_
+from gcworker.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class Reporter:
         destroy_per_report: int = DESTROY_PER_REPORT,
         full_report_every: int = FULL_REPORT_EVERY,
         answer_max_age: float | None = None,
+        sweeper: Sweeper | None = None,
     ):
         self.worker = worker
         self.runtime = runtime
@@ -74,6 +76,8 @@ class Reporter:
         self.destroy_per_report = destroy_per_report
         self.full_report_every = full_report_every
         self.answer_max_age = answer_max_age or max(10 * report_interval, MIN_ANSWER_MAX_AGE_S)
+        # Removals off the reporter's loop, bounded and timed out; without one, one at a time.
+        self.sweeper = sweeper
         self._last_seq = 0
         self._sent: OrderedDict[int, float] = OrderedDict()  # seq -> monotonic time, recent
         self._last_full_digest: str | None = None
@@ -249,6 +253,10 @@ class Reporter:
                 if handle not in held[kind]:
                     metrics.REPORTER_HANDLES_SKIPPED.labels("not_held").inc()
                     continue
+                if self.sweeper is not None:
+                    self.sweeper.submit(kind, handle)  # logs and counts its own failures
+                    removed += 1
+                    continue
                 try:
                     self.runtime.destroy(kind, handle)
                 except RuntimeError_ as error:
@@ -264,7 +272,9 @@ class Reporter:
                     continue
                 removed += 1
         if removed:
-            log.info("removed destroying handles", extra={"worker": self.worker, "count": removed})
+            log.info(
+                "removing destroying handles", extra={"worker": self.worker, "count": removed}
+            )
         return removed
 
     def _held_since(self, answered_seq: int) -> dict[str, set[str]]:
