@@ -396,20 +396,18 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
     settings = load_settings(database_url=database_url, **overrides)
     plane = ControlPlane(settings, db)
     seq = iter(range(1, 100))
+
+    def report_kept():  # a dated report of "kept" alone
+        report = Report(
+            worker="w1", incarnation=1, seq=next(seq), containers=["kept"], volumes=[]
+        )
+        plane.apply(report.model_copy(update={"after": plane.now()}))
+
     plane.apply(Heartbeat(worker="w1", incarnation=1, seq=next(seq), ttl_seconds=3600))
     handles = [f"c{i}" for i in range(9)]
     for handle in [*handles, "kept"]:
         create_on(plane, "w1", "container", handle)
-    plane.apply(
-        Report(
-            worker="w1",
-            incarnation=1,
-            seq=next(seq),
-            containers=["kept"],
-            volumes=[],
-            after=plane.now(),
-        )
-    )
+    report_kept()
     missing_since = min(c["missing_since"] for c in plane.containers() if c["handle"] != "kept")
     wait_for(
         lambda: _db_now(db) >= missing_since + timedelta(seconds=1.05),
@@ -417,16 +415,7 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
         what="the grace period to pass",
         interval=0.02,
     )
-    plane.apply(
-        Report(
-            worker="w1",
-            incarnation=1,
-            seq=next(seq),
-            containers=["kept"],
-            volumes=[],
-            after=plane.now(),
-        )
-    )
+    report_kept()
 
     reached, lock = tmp_path / "reached", tmp_path / "pause.lock"
     lock.touch()
