@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
+    any_ as sql_any,
     bindparam,
     cast,
     column,
@@ -404,7 +405,15 @@ class InventoryRepository:
         (a range of `ix_<kind>_worker_missing_since` per worker), whatever the batch holds:
         whole workers' candidates (one worker: "worker"; several: "workers"); the oldest
         `p_limit` of one worker's ("oldest"); or (over the cap) ids ("ids"). The values are
-        parameters (`_missing_params`)."""
+        parameters (`_missing_params`).
+
+        "oldest" reads the batch's ids first, once, from the worker's index range (an InitPlan:
+        `ARRAY(SELECT ... LIMIT)`), and deletes by primary key alone. A join of the rows to
+        that subquery (or the same conditions beside the ids) let a planner with stale
+        statistics (marks made since the last ANALYZE: the range looks empty) scan the whole
+        range once per id, or per row: a nested loop quadratic in the worker's marks. The ids
+        are read after the batch's worker lock, which every writer of a worker's rows takes
+        first, so they still qualify when deleted."""
         t = self.table
         if shape == "ids":
             return (self.db.member_of_parameter(t.c.id, "p_ids"), *self._by_worker_cutoffs())
@@ -422,7 +431,7 @@ class InventoryRepository:
             .order_by(inner.c.missing_since, inner.c.id)
             .limit(bindparam("p_limit", type_=Integer))
         )
-        return (t.c.id.in_(oldest), *mine)
+        return (t.c.id == sql_any(func.array(oldest.scalar_subquery())),)
 
     def _missing_params(
         self, shape: str, deletions: list[Deletion], cutoffs: dict[str, datetime]
