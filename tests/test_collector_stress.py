@@ -4,14 +4,11 @@ lock order it shares with reports and the scheduler (the worker, then its rows).
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 from sqlalchemy import event, text
 
 from gcworker.settings import load_settings
-from tests.conftest import created
-from tests.pipeline_support import wait_until_blocked_by
 
 pytestmark = pytest.mark.backends("postgresql")
 

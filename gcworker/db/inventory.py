@@ -19,7 +19,7 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
-    any_ as sql_any,
+    any_,
     bindparam,
     cast,
     column,
@@ -431,7 +431,7 @@ class InventoryRepository:
             .order_by(inner.c.missing_since, inner.c.id)
             .limit(bindparam("p_limit", type_=Integer))
         )
-        return (t.c.id == sql_any(func.array(oldest.scalar_subquery())),)
+        return (t.c.id == any_(func.array(oldest.scalar_subquery())),)
 
     def _missing_params(
         self, shape: str, deletions: list[Deletion], cutoffs: dict[str, datetime]
