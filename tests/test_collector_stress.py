@@ -4,11 +4,16 @@ lock order it shares with reports and the scheduler (the worker, then its rows).
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from sqlalchemy import event, text
 
+from gcworker.db.inventory import ContainerRepository, VolumeRepository
+from gcworker.db.workers import WorkerRepository
 from gcworker.settings import load_settings
+from tests.conftest import created
+from tests.pipeline_support import wait_until_blocked_by
 
 pytestmark = pytest.mark.backends("postgresql")
 
@@ -85,3 +90,65 @@ def test_a_mass_loss_marked_after_analyze_is_deleted_by_primary_key_without_a_ne
             if n.get("Alias") == "containers" and n["Node Type"] != "ModifyTable"
         ]
         assert deleted == ["containers_pkey"], json.dumps(nodes, default=str)[:3000]
+
+
+# One lock order: the worker, then its rows -------------------------------------------------
+
+
+def stuck_in_creating(plane, w, advance) -> tuple[str, str, tuple[str, ...], str]:
+    """A container left in creating past the timeout; the scheduler then reports it created."""
+    plane.scheduler.create_container("w1", "c1")
+    advance(hours=2)
+    return "container", "c1", ("creating",), "created"
+
+
+def orphaned(plane, w, advance) -> tuple[str, str, tuple[str, ...], str]:
+    """A volume whose owning container's row is gone; the scheduler then destroys it."""
+    created(plane, "w1", "owner")
+    plane.scheduler.create_volume("w1", "orphan", container="owner")
+    plane.scheduler.volume_created("orphan")
+    plane.scheduler.destroy_container("owner")
+    w.report(volumes=["orphan"])  # "owner" is confirmed destroyed: "orphan" is orphaned
+    return "volume", "orphan", ("created",), "destroying"
+
+
+@pytest.mark.parametrize("arrange", [stuck_in_creating, orphaned])
+def test_the_collector_locks_a_worker_before_its_rows_as_the_scheduler_does(
+    db, plane, make_worker, advance, arrange
+):
+    """The scheduler holds worker w1 (as it does before changing one of w1's rows) while a
+    collection moves one of w1's rows; once the collection waits, the scheduler changes that
+    row. A collector that took the row before the worker closed a lock cycle (PostgreSQL:
+    DeadlockDetected); one that takes the worker first just waits, then finds the row moved."""
+    w = make_worker("w1")
+    kind, handle, from_states, to_state = arrange(plane, w, advance)
+    w.heartbeat()  # w1 is running: the worker collector leaves it alone
+    repo = (ContainerRepository if kind == "container" else VolumeRepository)(db)
+
+    failures: list[BaseException] = []
+
+    def collect():
+        try:
+            plane.collect()
+        except BaseException as error:  # reported by the assertion below
+            failures.append(error)
+
+    with db.engine.connect() as scheduler:
+        scheduler.begin()
+        assert WorkerRepository(db).lock(scheduler, "w1") is not None
+        pid = scheduler.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        collection = threading.Thread(target=collect)
+        collection.start()
+        try:
+            wait_until_blocked_by(db.engine, pid, what="the collection to wait for w1")
+            moved = repo.transition(
+                scheduler, handle, from_states=from_states, to_state=to_state, now=db.now(scheduler)
+            )
+            scheduler.commit()
+        finally:
+            collection.join(timeout=60)
+
+    assert not collection.is_alive()
+    assert failures == []
+    assert moved
+    assert {r["handle"]: r["state"] for r in repo.list(db.engine.connect())}[handle] == to_state
