@@ -1,14 +1,17 @@
-"""The collector under stress (PostgreSQL): a mass loss with stale planner statistics, and the
-lock order it shares with reports and the scheduler (the worker, then its rows)."""
+"""The collector under stress (PostgreSQL): a mass loss with stale planner statistics, the lock
+order it shares with reports and the scheduler (the worker, then its rows), and the limits of the
+fenced session (a stopped collector losing the fence is `tests/test_faults.py`)."""
 
 from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import event, text
 
+from gcworker.db.fence import collection_fence
 from gcworker.db.inventory import ContainerRepository, VolumeRepository
 from gcworker.db.workers import WorkerRepository
 from gcworker.settings import load_settings
@@ -151,4 +154,30 @@ def test_the_collector_locks_a_worker_before_its_rows_as_the_scheduler_does(
     assert not collection.is_alive()
     assert failures == []
     assert moved
-    assert {r["handle"]: r["state"] for r in repo.list(db.engine.connect())}[handle] == to_state
+    rows = plane.containers() if kind == "container" else plane.volumes()
+    assert {r["handle"]: r["state"] for r in rows}[handle] == to_state
+
+
+# The fence's session ---------------------------------------------------------------------------
+
+
+def test_the_fenced_session_has_limits_scaled_on_the_gc_interval_and_gives_them_back(db):
+    """While a collection holds the fence its session may not wait, idle or run a statement
+    for long (a stopped or hung collector loses the fence); the connection then goes back to
+    the pool without those limits."""
+
+    def show(conn, name: str) -> str:
+        return conn.execute(text(f"SHOW {name}")).scalar_one()
+
+    names = ("lock_timeout", "idle_in_transaction_session_timeout", "tcp_keepalives_idle")
+    with db.engine.connect() as conn:
+        before = {name: show(conn, name) for name in names}
+        with collection_fence(conn, timedelta(seconds=30)) as held:
+            assert held
+            assert {name: show(conn, name) for name in names} == {
+                "lock_timeout": "30s",
+                "idle_in_transaction_session_timeout": "30s",
+                "tcp_keepalives_idle": "30",
+            }
+            assert show(conn, "statement_timeout") == "2min"
+        assert {name: show(conn, name) for name in names} == before
