@@ -272,13 +272,15 @@ class InventoryRepository:
 
     def stuck_workers(self, conn: Connection, cutoff: datetime) -> list[str]:
         """The workers of the rows that rule 10 moves (creating since `cutoff` or earlier, or
-        failed), read without a lock: the collector locks these workers before their rows, in
-        the order of every writer of a worker's rows (`lock_workers`)."""
+        failed and free to go), read without a lock: the collector locks these workers before
+        their rows, in the order of every writer of a worker's rows (`lock_workers`). A row
+        that cannot move (a parent volume with children) names no worker: locking one bumps
+        its generation, which would cost it its next fast path at every collection."""
         t = self.table
         creating = select(t.c.worker_name).where(
             _in_state(t, "creating"), t.c.state_changed_at <= cutoff
         )
-        failed = select(t.c.worker_name).where(_in_state(t, "failed"))
+        failed = select(t.c.worker_name).where(_in_state(t, "failed"), *self._may_destroy())
         return sorted(conn.execute(union(creating, failed)).scalars())
 
     def fail_stuck_creating(
@@ -756,8 +758,9 @@ class VolumeRepository(InventoryRepository):
         return (~select(child.c.id).where(child.c.parent_id == volumes.c.id).exists(),)
 
     def orphaned_workers(self, conn: Connection) -> list[str]:
-        """The workers of the orphaned volumes, read without a lock (see `stuck_workers`)."""
-        query = select(volumes.c.worker_name).where(text(ORPHANED)).distinct()
+        """The workers of the orphaned volumes free to go, read without a lock (see
+        `stuck_workers`)."""
+        query = select(volumes.c.worker_name).where(text(ORPHANED), *self._may_destroy()).distinct()
         return sorted(conn.execute(query).scalars())
 
     def destroy_orphaned(
