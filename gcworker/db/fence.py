@@ -31,12 +31,12 @@ _memory_lock = threading.Lock()
 
 
 def session_limits(gc_interval: timedelta, server_version: tuple[int, ...]) -> dict[str, str]:
-    """The settings of a fenced session (PostgreSQL `server_version`, e.g. (15, 4)): with the
+    """The settings of a fenced session (PostgreSQL `server_version`, e.g. (15, 4)). With the
     patience `max(gc_interval, MIN_PATIENCE)`, a collector stopped or hung anywhere loses the
-    fence within about two of it (a lock wait or a statement ends in an error, and the aborted
-    transaction then sits idle), and one whose host dies within about two (keepalives), so that
-    collections resume within a few GC intervals. A healthy collection runs short statements
-    back to back and never comes near them."""
+    fence within about two patiences (a lock wait ends in an error after one, and the aborted
+    transaction then sits idle for another; a long statement takes four), and one whose host
+    dies within about two as well (keepalives), so that collections resume within a few GC
+    intervals. A healthy collection runs short statements back to back, nowhere near them."""
     patience = max(gc_interval, MIN_PATIENCE)
     ms = int(patience.total_seconds() * 1000)
     seconds = max(1, ms // 1000)
@@ -92,7 +92,9 @@ def _advisory_lock(conn: Connection, gc_interval: timedelta | None) -> Iterator[
     try:
         yield held
     finally:
-        if held:
+        # An invalidated connection lost its session, and the lock with it: nothing to let go
+        # (and no new session to open for it).
+        if held and not conn.invalidated:
             if conn.in_transaction():
                 conn.rollback()
             conn.execute(select(func.pg_advisory_unlock(*_lock_keys())))
