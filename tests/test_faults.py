@@ -403,17 +403,11 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
     plane = ControlPlane(settings, db)
     seq = iter(range(1, 100))
 
-    def report_kept():  # a dated report of "kept" alone
-        report = Report(
-            worker="w1", incarnation=1, seq=next(seq), containers=["kept"], volumes=[]
-        )
-        plane.apply(report.model_copy(update={"after": plane.now()}))
-
     plane.apply(Heartbeat(worker="w1", incarnation=1, seq=next(seq), ttl_seconds=3600))
     handles = [f"c{i}" for i in range(9)]
     for handle in [*handles, "kept"]:
         create_on(plane, "w1", "container", handle)
-    report_kept()
+    report_kept(plane, next(seq))
     missing_since = min(c["missing_since"] for c in plane.containers() if c["handle"] != "kept")
     wait_for(
         lambda: _db_now(db) >= missing_since + timedelta(seconds=1.05),
@@ -421,7 +415,7 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
         what="the grace period to pass",
         interval=0.02,
     )
-    report_kept()
+    report_kept(plane, next(seq))
 
     reached, lock = tmp_path / "reached", tmp_path / "pause.lock"
     lock.touch()
@@ -487,7 +481,7 @@ def test_a_collector_stopped_mid_collection_loses_the_fence_within_a_few_gc_inte
     handles = [f"c{i}" for i in range(9)]
     for handle in [*handles, "kept"]:
         create_on(plane, "w1", "container", handle)
-    plane.apply(Report(worker="w1", incarnation=1, seq=next(seq), containers=["kept"], volumes=[]))
+    report_kept(plane, next(seq))
     missing_since = min(c["missing_since"] for c in plane.containers() if c["handle"] != "kept")
     wait_for(
         lambda: _db_now(db) >= missing_since + timedelta(seconds=1.05),
@@ -495,7 +489,7 @@ def test_a_collector_stopped_mid_collection_loses_the_fence_within_a_few_gc_inte
         what="the grace period to pass",
         interval=0.02,
     )
-    plane.apply(Report(worker="w1", incarnation=1, seq=next(seq), containers=["kept"], volumes=[]))
+    report_kept(plane, next(seq))
 
     log_path = tmp_path / "collector.log"
     with db.engine.connect() as holder:
@@ -532,6 +526,15 @@ def test_a_collector_stopped_mid_collection_loses_the_fence_within_a_few_gc_inte
     # Each deletion made and audited once, by the collection that held the fence.
     assert sorted(e["subject"] for e in audit(plane, "delete")) == handles
     assert _counts(db) == (1, 9)
+
+
+def report_kept(plane: ControlPlane, seq: int) -> None:
+    """w1 reports "kept" alone, dated as a reporter dates it (rule 4)."""
+    plane.apply(
+        Report(
+            worker="w1", incarnation=1, seq=seq, containers=["kept"], volumes=[], after=plane.now()
+        )
+    )
 
 
 def _db_now(db: Database) -> datetime:
