@@ -123,9 +123,7 @@ class Reconciler:
                 )
             elif decision.outcome not in (HeartbeatOutcome.STALE, HeartbeatOutcome.REJECTED):
                 if decision.drops_rows:
-                    result.rows_dropped = self._drop_old_incarnation(
-                        conn, message, worker.incarnation, now
-                    )
+                    result.rows_dropped = self._drop_old_incarnation(conn, message, worker, now)
                 if decision.clears_marks:
                     result.marks_cleared = sum(
                         repo.clear_all_marks(conn, message.worker) for repo in self.inventories
@@ -156,11 +154,20 @@ class Reconciler:
         return result
 
     def _drop_old_incarnation(
-        self, conn: Connection, message: Heartbeat, old_incarnation: int, now: datetime
+        self, conn: Connection, message: Heartbeat, old: WorkerView, now: datetime
     ) -> int:
-        """Rule 7: an ephemeral worker's old incarnation took its containers and volumes with it."""
+        """Rule 7: an ephemeral worker's old incarnation took its containers and volumes with it.
+
+        Rows carry no incarnation, and the new one may have made containers while its first
+        heartbeat waited in the broker: only the rows created no later than the old
+        incarnation's newest dated report (`last_report_at`, a control-plane time from before
+        it built that report, while it was alive) are provably the old one's. Any later row
+        is kept for the ordinary rules (marked if the new incarnation lacks it, deleted after
+        the grace period and a confirming report); none is dropped without a dated report."""
+        if old.last_report_at is None:
+            return 0
         reason = (
-            f"ephemeral worker restarted (incarnation {old_incarnation} -> {message.incarnation})"
+            f"ephemeral worker restarted (incarnation {old.incarnation} -> {message.incarnation})"
         )
         entries = [
             AuditEntry.batch(
@@ -171,7 +178,14 @@ class Reconciler:
                 message.worker,
             )
             for repo in self.inventories
-            if (handles := [h for h, _ in repo.delete_all_of_workers(conn, [message.worker])])
+            if (
+                handles := [
+                    handle
+                    for handle, _ in repo.delete_all_of_workers(
+                        conn, [message.worker], created_no_later_than=old.last_report_at
+                    )
+                ]
+            )
         ]
         counts = {entry.kind: entry.count for entry in entries}
         entries.append(

@@ -372,6 +372,25 @@ def test_rule7_new_incarnation_of_a_durable_worker_keeps_its_rows_under_normal_r
     assert states(plane) == {"c2": ("created", False)}
 
 
+def test_rule7_an_ephemeral_restart_keeps_rows_created_after_the_old_incarnations_last_date(
+    plane, make_worker, advance
+):
+    """Rows carry no incarnation: a row created after the old incarnation's newest dated
+    report may be the new incarnation's (its first heartbeat waited in a broker) and is kept
+    for the ordinary rules; without any dated report, nothing is dropped."""
+    w = make_worker(ephemeral=True)
+    created(plane, "w1", "c-unproven")
+    assert w.restart().rows_dropped == 0
+    w.report(["c-unproven"])
+    advance(seconds=1)
+    created(plane, "w1", "c-new")  # placed on the new incarnation
+
+    result = w.restart()
+
+    assert result.rows_dropped == 1
+    assert states(plane) == {"c-new": ("created", False)}
+
+
 def test_rule7_new_incarnation_of_an_ephemeral_worker_drops_the_old_rows_at_once(
     plane, make_worker
 ):
@@ -380,6 +399,7 @@ def test_rule7_new_incarnation_of_an_ephemeral_worker_drops_the_old_rows_at_once
     created(plane, "w1", "c1", "c2")
     created(plane, "w1", "v1", kind="volume")
     created(plane, "other", "c9")
+    w.report(["c1", "c2"], ["v1"])  # dated: the old incarnation held them then
 
     result = w.restart()
 
@@ -388,7 +408,7 @@ def test_rule7_new_incarnation_of_an_ephemeral_worker_drops_the_old_rows_at_once
     assert states(plane) == {"c9": ("created", False)}
     assert states(plane, "volume") == {}
     assert worker_row(plane)["state"] == "running"
-    event_, *rows = plane.events()
+    event_, *rows = [e for e in plane.events() if e["actor"] == "reconciler"]
     assert (event_["action"], event_["kind"], event_["subject"]) == ("drop_rows", "worker", "w1")
     assert "incarnation 1 -> 2" in event_["reason"]
     # Rule 13: every row of the old incarnation, by handle.

@@ -191,6 +191,7 @@ def test_seed_ephemeral_workers_lose_their_rows_with_their_incarnation_rule7(pla
     w = make_worker(ephemeral=True)
     created(plane, "w1", "c1")
     created(plane, "w1", "v1", kind="volume")
+    w.report(["c1"], ["v1"])
 
     w.restart()
 

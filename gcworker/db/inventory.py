@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
+    and_,
     any_,
     bindparam,
     cast,
@@ -233,11 +234,16 @@ class InventoryRepository:
             .values(missing_since=now)
         ).rowcount
 
-    def delete_all_of_workers(self, conn: Connection, names: list[str]) -> list[tuple[str, str]]:
-        """Every row of these workers (rule 7: an ephemeral worker's old incarnation; or the
-        workers are being deleted): returns (handle, worker) of each, for the audit."""
+    def delete_all_of_workers(
+        self, conn: Connection, names: list[str], *, created_no_later_than: datetime | None = None
+    ) -> list[tuple[str, str]]:
+        """Every row of these workers (the workers are being deleted), or those created no
+        later than a time (rule 7: an ephemeral worker's old incarnation): returns (handle,
+        worker) of each, for the audit."""
         t = self.table
         theirs = self.db.member_of(t.c.worker_name, names)
+        if created_no_later_than is not None:
+            theirs = and_(theirs, t.c.created_at <= created_no_later_than)
         if self.db.is_postgresql:
             return sorted(
                 conn.execute(delete(t).where(theirs).returning(t.c.handle, t.c.worker_name))

@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Connection, bindparam, delete, func, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gcworker.db.audit import AuditEntry
@@ -248,33 +248,51 @@ class WorkerRepository:
             )
 
     def set_state(
-        self, conn: Connection, names, *, state: str, from_states, now: datetime, **extra
+        self,
+        conn: Connection,
+        names,
+        *,
+        state: str,
+        from_states,
+        now: datetime,
+        still=None,
+        **extra,
     ) -> list[str]:
-        """Move workers in `from_states` to `state`; returns the names that moved."""
+        """Move workers in `from_states` to `state`; returns the names that moved. `still`: a
+        condition the collector chose them by, checked again as each row is locked (a
+        heartbeat that committed since may have made it false)."""
         names = sorted(set(names))
         if not names:
             return []
         result = conn.execute(
             update(workers)
-            .where(self.db.member_of(workers.c.name, names), workers.c.state.in_(from_states))
+            .where(
+                self.db.member_of(workers.c.name, names),
+                workers.c.state.in_(from_states),
+                true() if still is None else still,
+            )
             .values(state=state, state_changed_at=now, generation=workers.c.generation + 1, **extra)
             .returning(workers.c.name)
         )
         return sorted(result.scalars())
 
-    def delete(self, conn: Connection, names, *, reason: str, now: datetime) -> list[DeletedWorker]:
+    def delete(
+        self, conn: Connection, names, *, reason: str, now: datetime, still=None
+    ) -> list[DeletedWorker]:
         """Delete workers with their rows, and leave a tombstone of each (rule 16): its last
         incarnation and highest sequence number, and `reason`, so that its old messages,
         replayed, are rejected. The workers are locked first (their incarnation and sequence
-        numbers cannot move before they go); their rows are deleted by statements that return
-        their handles, for the audit (a cascade would delete them unseen)."""
+        numbers cannot move before they go), and only those for which `still` (the condition
+        the collector chose them by) holds once locked go: a heartbeat that committed in
+        between keeps its worker. Their rows are deleted by statements that return their
+        handles, for the audit (a cascade would delete them unseen)."""
         names = sorted(set(names))
         if not names:
             return []
         w = workers.c
         found = conn.execute(
             select(w.name, w.state, w.incarnation, w.last_heartbeat_seq, w.last_report_seq)
-            .where(self.db.member_of(w.name, names))
+            .where(self.db.member_of(w.name, names), true() if still is None else still)
             .order_by(w.name)
             .with_for_update()
         ).all()
@@ -330,15 +348,29 @@ class WorkerRepository:
 
     # Collector queries -------------------------------------------------------------------
 
+    @staticmethod
+    def heartbeat_expired(now: datetime, *, states, ephemeral=None):
+        """The condition: in one of `states`, ephemeral or not (None: either), and the
+        heartbeat expired before `now`."""
+        condition = and_(workers.c.state.in_(states), workers.c.heartbeat_expires_at < now)
+        if ephemeral is not None:
+            condition = and_(condition, workers.c.ephemeral.is_(ephemeral))
+        return condition
+
+    @staticmethod
+    def stalled_before(cutoff: datetime):
+        """The condition: stalled at or before `cutoff`."""
+        return and_(workers.c.state == "stalled", workers.c.stalled_at <= cutoff)
+
     def expired_heartbeats(
         self, conn: Connection, now: datetime, *, states, ephemeral=None
     ) -> list[str]:
-        query = select(workers.c.name).where(
-            workers.c.state.in_(states), workers.c.heartbeat_expires_at < now
-        )
-        if ephemeral is not None:
-            query = query.where(workers.c.ephemeral.is_(ephemeral))
-        return sorted(conn.execute(query).scalars())
+        expired = self.heartbeat_expired(now, states=states, ephemeral=ephemeral)
+        return self.names_where(conn, expired)
+
+    def names_where(self, conn: Connection, condition) -> list[str]:
+        """The names of the workers for which `condition` holds, sorted."""
+        return sorted(conn.execute(select(workers.c.name).where(condition)).scalars())
 
     def landing_without_active_containers(self, conn: Connection) -> list[str]:
         active = (
@@ -352,15 +384,6 @@ class WorkerRepository:
         return sorted(
             conn.execute(
                 select(workers.c.name).where(workers.c.state == "landing", ~active)
-            ).scalars()
-        )
-
-    def stalled_since_before(self, conn: Connection, cutoff: datetime) -> list[str]:
-        return sorted(
-            conn.execute(
-                select(workers.c.name).where(
-                    workers.c.state == "stalled", workers.c.stalled_at <= cutoff
-                )
             ).scalars()
         )
 

@@ -28,13 +28,15 @@ class WorkerCollector:
 
     @staticmethod
     def _stall_expired(ctx: CollectionContext, step: Step, repo: WorkerRepository) -> None:
-        expired = repo.expired_heartbeats(step.conn, step.now, states=("running",), ephemeral=False)
+        expiry = {"states": ("running",), "ephemeral": False}
+        expired = repo.expired_heartbeats(step.conn, step.now, **expiry)
         stalled = repo.set_state(
             step.conn,
             expired,
             state="stalled",
             from_states=("running",),
             now=step.now,
+            still=repo.heartbeat_expired(step.now, **expiry),
             stalled_at=step.now,
         )
         ctx.record(
@@ -46,22 +48,30 @@ class WorkerCollector:
         )
 
     def _delete_gone(self, ctx: CollectionContext, step: Step, repo: WorkerRepository) -> None:
-        ephemeral = repo.expired_heartbeats(
-            step.conn, step.now, states=("running", "stalled"), ephemeral=True
-        )
-        self._delete(ctx, step, repo, ephemeral, "ephemeral worker's heartbeat expired")
-        retiring = repo.expired_heartbeats(step.conn, step.now, states=("retiring",))
-        self._delete(ctx, step, repo, retiring, "retiring worker stopped heartbeating")
+        """Each kind of worker to delete is chosen by a condition that is checked again under
+        each worker's lock: a heartbeat that committed since keeps its worker."""
+        gone = [
+            (
+                repo.heartbeat_expired(step.now, states=("running", "stalled"), ephemeral=True),
+                "ephemeral worker's heartbeat expired",
+            ),
+            (
+                repo.heartbeat_expired(step.now, states=("retiring",)),
+                "retiring worker stopped heartbeating",
+            ),
+        ]
         timeout = ctx.settings.stalled_worker_timeout
         if timeout.total_seconds() > 0:
-            stalled = repo.stalled_since_before(step.conn, step.now - timeout)
-            self._delete(
-                ctx,
-                step,
-                repo,
-                stalled,
-                f"stalled for longer than the stalled-worker timeout ({format_duration(timeout)})",
+            gone.append(
+                (
+                    repo.stalled_before(step.now - timeout),
+                    "stalled for longer than the stalled-worker timeout "
+                    f"({format_duration(timeout)})",
+                )
             )
+        for condition, reason in gone:
+            names = repo.names_where(step.conn, condition)
+            self._delete(ctx, step, repo, names, reason, condition)
 
     @staticmethod
     def _land(ctx: CollectionContext, step: Step, repo: WorkerRepository) -> None:
@@ -85,8 +95,10 @@ class WorkerCollector:
         )
 
     @staticmethod
-    def _delete(ctx: CollectionContext, step: Step, repo: WorkerRepository, names, reason: str):
+    def _delete(
+        ctx: CollectionContext, step: Step, repo: WorkerRepository, names, reason: str, still
+    ):
         """Delete workers with their rows, leaving their tombstones (rule 16), and audit every
         row that went with them (rule 13)."""
-        for deleted in repo.delete(step.conn, names, reason=reason, now=step.now):
+        for deleted in repo.delete(step.conn, names, reason=reason, now=step.now, still=still):
             ctx.record(step, deleted.audit(reason))
