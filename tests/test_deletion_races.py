@@ -1,6 +1,7 @@
-"""Hostile review 2: reproductions of ways to break "never delete a row, or remove a container
-or volume, that still exists and was not asked for". Each test fails on the code it was written
-against; it passes once the hole is closed."""
+"""Races between deletions and the messages that keep rows alive, from the second hostile
+review of issue 9: a heartbeat committing while the worker collector chooses whom to delete, an
+ephemeral restart whose new incarnation made containers before its first heartbeat was applied,
+a report clearing a mark while a deletion batch waits for the worker's lock."""
 
 from __future__ import annotations
 
