@@ -398,14 +398,21 @@ _move_command(
 
 
 @workers.command("prune")
+@click.option(
+    "--revoke-key",
+    is_flag=True,
+    help="Also revoke NAME's key: it can never come back under it, even restarted.",
+)
 @click.argument("name")
 @click.pass_obj
-def worker_prune(obj: Context, name):
-    """Delete NAME and its rows now; refused while it is running."""
-    counts = obj.control_plane().fleet.prune(name)
+def worker_prune(obj: Context, name, revoke_key):
+    """Delete NAME and its rows now; refused while it is running. A tombstone of its last
+    incarnation stays: its old messages, replayed, are rejected; it comes back only with a new
+    incarnation (a restarted reporter)."""
+    counts = obj.control_plane().fleet.prune(name, revoke_key=revoke_key)
     click.echo(
         f"worker {name}: pruned with {counts['containers']} containers and "
-        f"{counts['volumes']} volumes"
+        f"{counts['volumes']} volumes{', its key revoked' if revoke_key else ''}"
     )
 
 

@@ -38,8 +38,8 @@ class ControlPlane:
         self.fleet = Fleet(self.db)
 
     def receive(self, envelope, hooks=None) -> HeartbeatResult | ReportResult | Rejected:
-        """Decode, check and apply one message as it arrived; a rejected one changes nothing
-        but the dead-letter list.
+        """Decode, check and apply one message as it arrived; a rejected one (unreadable,
+        unsigned, forged, or a replay the rules refuse) changes nothing but the dead-letter list.
 
         `hooks` (`gcworker.handoff.ReportHandoff`) may replace the key lookup and follow the
         message: `hooks.public_key_of(worker)` instead of `self.public_key_of` (it must read the
@@ -59,7 +59,11 @@ class ControlPlane:
             return rejected
         if hooks is not None:
             hooks.checked(message)
-        return self.apply(message)
+        result = self.apply(message)
+        if result.outcome == "rejected":
+            # Authentic but refused (an older incarnation, a deleted worker's: a replay).
+            self.dead_letter(Rejected(result.reason, message.worker, envelope["payload"]))
+        return result
 
     def apply(self, message: Heartbeat | Report | UnchangedReport):
         """Apply one checked message through the reconciler."""

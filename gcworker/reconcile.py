@@ -44,6 +44,9 @@ from gcworker.rules import (
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_REASON = "unknown handle reported: recorded as destroying, for the worker to remove it"
+DESTROYED_REASON = "destroyed: the worker no longer reports it"
+
 
 @dataclass
 class HeartbeatResult:
@@ -99,10 +102,9 @@ class Reconciler:
         with self.db.transaction() as conn:
             now = self.db.now(conn)
             worker = self.workers.lock(conn, message.worker)
-            decision = judge_heartbeat(worker, message.incarnation, message.seq)
-            result = HeartbeatResult(
-                message.worker, decision.outcome, message.seq, decision.reason
-            )
+            tombstone = self.workers.tombstone(conn, message.worker) if worker is None else None
+            decision = judge_heartbeat(worker, message.incarnation, message.seq, tombstone)
+            result = HeartbeatResult(message.worker, decision.outcome, message.seq, decision.reason)
             if decision.outcome is HeartbeatOutcome.REGISTERED:
                 self.workers.register(
                     conn,
@@ -152,25 +154,32 @@ class Reconciler:
         self, conn: Connection, message: Heartbeat, old_incarnation: int, now: datetime
     ) -> int:
         """Rule 7: an ephemeral worker's old incarnation took its containers and volumes with it."""
-        counts = {
-            repo.kind: repo.delete_all_of_worker(conn, message.worker) for repo in self.inventories
-        }
-        self.audit.record(
-            conn,
-            [
-                AuditEntry(
-                    "drop_rows",
-                    "worker",
-                    message.worker,
-                    f"ephemeral worker restarted (incarnation {old_incarnation} -> "
-                    f"{message.incarnation}): {counts['container']} containers and "
-                    f"{counts['volume']} volumes of the old incarnation deleted",
-                    worker=message.worker,
-                )
-            ],
-            actor="reconciler",
-            now=now,
+        reason = (
+            f"ephemeral worker restarted (incarnation {old_incarnation} -> {message.incarnation})"
         )
+        entries = [
+            AuditEntry.batch(
+                "delete",
+                repo.kind,
+                handles,
+                f"{reason}: a row of the old incarnation",
+                message.worker,
+            )
+            for repo in self.inventories
+            if (handles := [h for h, _ in repo.delete_all_of_workers(conn, [message.worker])])
+        ]
+        counts = {entry.kind: entry.count for entry in entries}
+        entries.append(
+            AuditEntry(
+                "drop_rows",
+                "worker",
+                message.worker,
+                f"{reason}: {counts.get('container', 0)} containers and "
+                f"{counts.get('volume', 0)} volumes of the old incarnation deleted",
+                worker=message.worker,
+            )
+        )
+        self.audit.record(conn, entries, actor="reconciler", now=now)
         return sum(counts.values())
 
     def _judge(self, conn: Connection, message: Report | UnchangedReport):
@@ -178,7 +187,8 @@ class Reconciler:
         worker, now = self.workers.lock_with_clock(
             conn, message.worker, commit_without_waiting=True
         )
-        outcome, reason = judge_report(worker, message.incarnation, message.seq)
+        tombstone = self.workers.tombstone(conn, message.worker) if worker is None else None
+        outcome, reason = judge_report(worker, message.incarnation, message.seq, tombstone)
         problem = report_date_problem(now, message.after)
         if outcome is ReportOutcome.ACCEPTED and problem is not None:
             outcome, reason = ReportOutcome.REJECTED, problem
@@ -310,7 +320,7 @@ class Reconciler:
                 diff = diff_handles(rows[kind], reported[kind], may_mark=may_mark)
                 result.marked[kind] = repo.mark_missing(conn, name, diff.to_mark, now)
                 result.cleared[kind] = repo.clear_missing(conn, name, diff.to_clear)
-                result.unknown[kind] = repo.record_unknown(conn, name, diff.unknown, now)
+                result.unknown[kind] = self._recorded_unknown(conn, repo, name, diff.unknown, now)
                 gone = diff.confirmed_destroyed
             else:
                 # No handle of this kind listed (a worker that lost everything): every created
@@ -319,7 +329,7 @@ class Reconciler:
                 result.marked[kind] = repo.mark_all_missing(conn, name, now) if may_mark else 0
                 result.cleared[kind] = result.unknown[kind] = 0
                 diff = None
-            destroyed = repo.delete_confirmed_destroyed(conn, name, gone, built_at)
+            destroyed = self._confirmed_destroyed(conn, repo, name, gone, built_at, now)
             result.destroyed[kind] = len(destroyed)
             deferred |= len(destroyed) < len(gone)
             as_planned = diff is not None and (
@@ -332,6 +342,40 @@ class Reconciler:
             else:
                 after = None
         return deferred, after
+
+    def _recorded_unknown(self, conn, repo: InventoryRepository, name: str, handles, now) -> int:
+        """Rule 8, audited by the same statement (rule 13): how many handles were recorded."""
+        if not handles:
+            return 0
+        audited = self.audit.record_returned(
+            conn,
+            *repo.unknown_statement(name, handles, now),
+            action="record_unknown",
+            kind=repo.kind,
+            reasons={"unknown": UNKNOWN_REASON},
+            actor="reconciler",
+            now=now,
+        )
+        return sum(count for _, count in audited)
+
+    def _confirmed_destroyed(
+        self, conn, repo: InventoryRepository, name: str, handles, built_at, now
+    ) -> list[str]:
+        """Rule 9, audited by the same statement (rule 13): the handles whose rows went. An
+        undated report (`built_at` None) confirms nothing."""
+        if not handles or built_at is None:
+            return []
+        audited = self.audit.record_returned(
+            conn,
+            *repo.confirmed_destroyed_statement(name, handles, built_at),
+            action="delete",
+            kind=repo.kind,
+            reasons={"destroyed": DESTROYED_REASON},
+            actor="reconciler",
+            now=now,
+            handles=True,
+        )
+        return sorted(handle for _, deleted in audited for handle in deleted)
 
     @staticmethod
     def _logged(result: ReportResult) -> ReportResult:

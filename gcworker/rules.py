@@ -48,6 +48,27 @@ class WorkerView:
 
 
 @dataclass(frozen=True)
+class Tombstone:
+    """What is left of a deleted worker (rule 16): its last incarnation and why it went."""
+
+    name: str
+    incarnation: int
+    reason: str
+
+    def admits(self, incarnation: int) -> bool:
+        """Only a higher incarnation (a restarted worker, rule 7) comes back: an equal or older
+        one, whatever its sequence number, is a replay of the deleted worker's messages."""
+        return incarnation > self.incarnation
+
+    @property
+    def replay(self) -> str:
+        return (
+            f"worker {self.name} was deleted ({self.reason}) at incarnation "
+            f"{self.incarnation}: a replay of its old messages"
+        )
+
+
+@dataclass(frozen=True)
 class StoredRow:
     id: int
     handle: str
@@ -70,10 +91,13 @@ class ReportDiff:
 
 
 def judge_report(
-    worker: WorkerView | None, incarnation: int, seq: int
+    worker: WorkerView | None, incarnation: int, seq: int, tombstone: Tombstone | None = None
 ) -> tuple[ReportOutcome, str]:
-    """Rules 2, 6 and 7: may this report be applied at all?"""
+    """Rules 2, 6, 7 and 16: may this report be applied at all? (`tombstone`: the worker's, read
+    only when it has no row.)"""
     if worker is None:
+        if tombstone is not None and not tombstone.admits(incarnation):
+            return ReportOutcome.REJECTED, tombstone.replay
         return ReportOutcome.WORKER_NOT_RUNNING, "unknown worker (no heartbeat yet)"
     if incarnation < worker.incarnation:
         return ReportOutcome.REJECTED, (
@@ -202,9 +226,14 @@ class HeartbeatDecision:
     new_state: str | None = None
 
 
-def judge_heartbeat(worker: WorkerView | None, incarnation: int, seq: int) -> HeartbeatDecision:
-    """Rules 5, 6 and 7 for a heartbeat."""
+def judge_heartbeat(
+    worker: WorkerView | None, incarnation: int, seq: int, tombstone: Tombstone | None = None
+) -> HeartbeatDecision:
+    """Rules 5, 6, 7 and 16 for a heartbeat. (`tombstone`: the worker's, read only when it has no
+    row: a deleted worker registers again only with a higher incarnation.)"""
     if worker is None:
+        if tombstone is not None and not tombstone.admits(incarnation):
+            return HeartbeatDecision(HeartbeatOutcome.REJECTED, tombstone.replay)
         return HeartbeatDecision(
             HeartbeatOutcome.REGISTERED, starts_running_period=True, new_state="running"
         )

@@ -128,7 +128,11 @@ def test_cli_a_worker_session_with_json_listings(tmp_path, database_url, plane):
     assert worker["stalled_at"] is None
     utc_timestamp(worker["last_report_at"])
 
-    [event] = json.loads(run("events", "--json"))
+    events = json.loads(run("events", "--json"))
+    assert [(e["actor"], e["action"], e["subject"]) for e in events[1:]] == [
+        ("reconciler", "record_unknown", "stray")  # rule 8, by handle
+    ]
+    event = events[0]
     assert (event["action"], event["kind"], event["subject"], event["reason"]) == (
         "destroy",
         "container",

@@ -104,7 +104,8 @@ def test_a_worker_registered_again_never_meets_its_old_known_rows(
     fleet_of_four.report(containers=["c1", "c2", "c3"], volumes=["v1"])
     plane.fleet.retire("w1")
     plane.fleet.prune("w1")  # its rows go with it
-    again = make_worker("w1")
+    again = make_worker("w1", heartbeat=False)
+    again.restart()  # a new incarnation: the pruned one's stays out (rule 16)
     created(plane, "w1", "c9")
     before = rows_reads()
 

@@ -108,6 +108,7 @@ from gcworker.db.tables import (
     dead_letters,
     volumes,
     worker_keys,
+    worker_tombstones,
     workers,
 )
 from gcworker.errors import Conflict, NotFound
@@ -330,6 +331,8 @@ class ControlPlaneModel:
         self.rows: dict[tuple[str, str], RowModel] = {}
         self.disruption = False
         self.graveyard: dict[tuple[str, str], RowModel] = {}
+        # Rule 16: a deleted worker's last incarnation; only a higher one registers again.
+        self.tombstones: dict[str, int] = {}
 
     # Rows -----------------------------------------------------------------------------------
 
@@ -360,10 +363,18 @@ class ControlPlaneModel:
                     gone += self.delete_row(("volume", child.handle))
         return gone
 
-    def delete_worker(self, name: str) -> None:
-        for row in self.rows_of(name):
+    def delete_rows_of(self, name: str) -> list[RowModel]:
+        """Every row of a worker (each audited, rule 13), as one DELETE of them does."""
+        rows = self.rows_of(name)
+        for row in rows:
             self.delete_row((row.kind, row.handle))
-        del self.workers[name]
+        return rows
+
+    def delete_worker(self, name: str) -> list[RowModel]:
+        """Delete a worker with its rows, leaving its tombstone (rule 16); returns the rows."""
+        rows = self.delete_rows_of(name)
+        self.tombstones[name] = self.workers.pop(name).incarnation
+        return rows
 
     def clear_marks(self, worker: str | None = None) -> None:
         for row in self.rows.values():
@@ -376,6 +387,8 @@ class ControlPlaneModel:
         ttl = self.settings.heartbeat_ttl
         w = self.workers.get(m.worker)
         if w is None:
+            if m.incarnation <= self.tombstones.get(m.worker, 0):
+                return []  # rule 16: a deleted worker's replay (or its own, not restarted)
             self.workers[m.worker] = WorkerModel(
                 "running", m.ephemeral, m.incarnation, m.seq, None, m.seq, now + ttl
             )
@@ -385,8 +398,8 @@ class ControlPlaneModel:
             return []  # rule 7: an older incarnation is rejected
         if m.incarnation > w.incarnation:  # rule 7: a new incarnation
             if w.ephemeral:
-                for row in self.rows_of(m.worker):
-                    self.delete_row((row.kind, row.handle))
+                for row in self.delete_rows_of(m.worker):
+                    entries.append(("reconciler", "delete", row.kind, row.handle, False))
                 entries.append(("reconciler", "drop_rows", "worker", m.worker, False))
             elif w.state == "stalled":
                 self.clear_marks(m.worker)
@@ -450,25 +463,28 @@ class ControlPlaneModel:
 
     def report(
         self, m: Report, handles: dict[str, frozenset[str]], now: datetime
-    ) -> list[RowModel]:
-        """Apply a full report; returns the rows it marked missing."""
+    ) -> tuple[list[RowModel], list[Entry]]:
+        """Apply a full report; returns the rows it marked missing, and its audit entries."""
         w, may_mark = self.judge_report(m)
         if w is None:
-            return []
+            return [], []
         built_at = self.built_at(m, now)
         changes = self.diff(m.worker, handles, may_mark, built_at)
         for row in changes["mark"]:
             row.missing_since = now
         for row in changes["clear"]:
             row.missing_since = None
+        entries = []
         for kind, handle in changes["unknown"]:
             self.rows[(kind, handle)] = RowModel(kind, handle, m.worker, "destroying", now)
+            entries.append(("reconciler", "record_unknown", kind, handle, False))
         for row in changes["destroyed"]:
             self.delete_row((row.kind, row.handle))
+            entries.append(("reconciler", "delete", row.kind, row.handle, False))
         w.last_report_seq = m.seq
         if may_mark:
             self._confirm(w, m.worker, handles, built_at)
-        return changes["mark"]
+        return changes["mark"], entries
 
     @staticmethod
     def built_at(m, now: datetime) -> datetime:
@@ -592,14 +608,16 @@ class ControlPlaneModel:
                 w = self.workers[name]
                 if w.ephemeral and w.state in ("running", "stalled"):
                     if w.heartbeat_expires_at < now:
-                        self.delete_worker(name)
+                        for row in self.delete_worker(name):
+                            audit("delete", row.kind, row.handle)
                         audit("delete", "worker", name)
             timeout = s.stalled_worker_timeout
             if timeout > timedelta(0):
                 for name in sorted(self.workers):
                     w = self.workers[name]
                     if w.state == "stalled" and w.stalled_at <= now - timeout:
-                        self.delete_worker(name)
+                        for row in self.delete_worker(name):
+                            audit("delete", row.kind, row.handle)
                         audit("delete", "worker", name)
 
         # Rule 10: stuck creating -> failed -> destroying.
@@ -690,6 +708,7 @@ class GcMachine(RuleBasedStateMachine):
                 control_plane_state,
                 dead_letters,
                 worker_keys,
+                worker_tombstones,
             ):
                 conn.execute(delete(table))
 
@@ -716,7 +735,8 @@ class GcMachine(RuleBasedStateMachine):
             self.cp.unchanged(m, sent.handles, now, applied=result.fast_path)
         else:
             result = self.plane.reconciler.report(m)
-            marked = self.cp.report(m, sent.handles, now)
+            marked, entries = self.cp.report(m, sent.handles, now)
+            self.expected += entries
             STATS["rows marked missing"] += len(marked)
             STATS["rows marked missing while their handle is held (a stale report)"] += sum(
                 self.hosts[m.worker].holds(r.kind, r.handle) for r in marked
@@ -1157,6 +1177,9 @@ class GcMachine(RuleBasedStateMachine):
         creating, which rule 10 handles on its own clock)."""
         for host in self.hosts.values():
             host.mode = "healthy"
+            if host.incarnation <= self.cp.tombstones.get(host.name, 0):
+                # Deleted (rule 16): its messages are refused until its reporter restarts.
+                host.restart(lose_runtime=host.ephemeral)
             self.heartbeat_now(host)
         self.collect_now()  # leaves disruption mode if it was on: marks must be seen afresh
         for host in self.hosts.values():
@@ -1269,7 +1292,9 @@ class GcMachine(RuleBasedStateMachine):
         dropped = {e.subject for e in audit if e.action == "drop_rows"}
         deleted_workers = {e.subject for e in audit if e.action == "delete" and e.kind == "worker"}
         for e in audit:
-            if e.action == "delete" and e.kind in KINDS:
+            # A row deleted with its worker goes whatever its runtime holds (checked below).
+            with_worker = e.reason.startswith(("deleted with worker", "ephemeral worker restarted"))
+            if e.action == "delete" and e.kind in KINDS and not with_worker:
                 host = self.hosts[e.worker_name]
                 assert not host.holds(e.kind, e.subject), (
                     f"invariant 1: the collector {'would delete' if e.dry_run else 'deleted'} "

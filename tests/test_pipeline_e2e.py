@@ -119,8 +119,12 @@ def test_destroying_handles_leave_the_runtime_then_the_database(pipeline, plane,
 
     def done():
         now = time.monotonic()
-        on_disk = set(runtime.inventory().containers) | set(runtime.inventory().volumes)
+        # The database first, then the runtime: a handle leaves the runtime before its row, so
+        # a row deleted between the two reads is then also seen gone from the runtime (read the
+        # other way round, such a deletion would look like the wrong order).
         in_db = rows(plane)
+        inventory = runtime.inventory()
+        on_disk = set(inventory.containers) | set(inventory.volumes)
         for kind, handle in targets:
             if handle not in on_disk:
                 left_runtime.setdefault(handle, now)

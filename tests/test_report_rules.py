@@ -388,9 +388,16 @@ def test_rule7_new_incarnation_of_an_ephemeral_worker_drops_the_old_rows_at_once
     assert states(plane) == {"c9": ("created", False)}
     assert states(plane, "volume") == {}
     assert worker_row(plane)["state"] == "running"
-    [event_] = plane.events()
+    event_, *rows = plane.events()
     assert (event_["action"], event_["kind"], event_["subject"]) == ("drop_rows", "worker", "w1")
     assert "incarnation 1 -> 2" in event_["reason"]
+    # Rule 13: every row of the old incarnation, by handle.
+    assert sorted((e["action"], e["kind"], e["subject"]) for e in rows) == [
+        ("delete", "container", "c1"),
+        ("delete", "container", "c2"),
+        ("delete", "volume", "v1"),
+    ]
+    assert all("incarnation 1 -> 2" in e["reason"] for e in rows)
 
 
 # Rule 8: unknown handles ------------------------------------------------------------------

@@ -84,9 +84,18 @@ def test_workers_an_ephemeral_worker_whose_heartbeat_expired_is_deleted_with_its
     assert worker_states(plane) == {"durable": "running"}
     assert states(plane) == {"c9": ("created", False)}
     assert states(plane, "volume") == {}
-    [event] = plane.events()
+    event, *rows = plane.events()
     assert (event["action"], event["kind"], event["subject"]) == ("delete", "worker", "eph")
     assert "ephemeral" in event["reason"] and "2 containers and 1 volumes" in event["reason"]
+    # Rule 13: every row that went with the worker, by handle.
+    assert sorted((e["action"], e["kind"], e["subject"], e["worker_name"]) for e in rows) == [
+        ("delete", "container", "c1", "eph"),
+        ("delete", "container", "c2", "eph"),
+        ("delete", "volume", "v1", "eph"),
+    ]
+    assert {e["reason"] for e in rows} == {
+        "deleted with worker eph: ephemeral worker's heartbeat expired"
+    }
 
 
 def test_workers_an_ephemeral_worker_never_stalls(plane, make_worker, advance):

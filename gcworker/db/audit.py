@@ -1,13 +1,15 @@
-"""Every SQL statement on the audit log: what the collector (and the reconciler, when it drops an
-ephemeral worker's rows) changed, and why (rule 13).
+"""Every SQL statement on the audit log: what the collector, the reconciler and operators
+changed, and why (rule 13).
 
-A row records one subject, or (the collector's deletions) the handles of one batch: one row per
-(batch, kind, worker, reason), its handles in `subjects`. Readers see one entry per subject
+A row records one subject, or the handles of one batch: one row per (batch, kind, worker,
+reason), its handles in `subjects` (the collector's deletions; a report's unknown handles and
+confirmed destructions; the rows deleted with a worker). Readers see one entry per subject
 either way (`expand`)."""
 
 from __future__ import annotations
 
 import functools
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -78,16 +80,38 @@ class AuditRepository:
         reasons: dict[str, str],
         actor: str,
         now: datetime,
-    ) -> list[tuple[str, int]]:
-        """Run `changes` (a DELETE or UPDATE ... RETURNING handle, worker_name, reason, with the
-        parameters `params`) and audit what it returns in the same statement (PostgreSQL): one
-        row per (worker, reason) holding every handle, and no row travels to Python and back.
-        `reasons` rewrites the returned reasons. Returns (worker, number of rows changed) per
-        audit row. The statement is built once per `changes` (a statement built once itself)
-        and audit columns: a batch only binds its values."""
-        statement = _returned_statement(changes, action, kind, tuple(reasons.items()), actor)
+        handles: bool = False,
+    ) -> list[tuple[str, int]] | list[tuple[str, list[str]]]:
+        """Run `changes` (an INSERT, DELETE or UPDATE ... RETURNING handle, worker_name, reason,
+        with the parameters `params`) and audit what it returns in the same statement
+        (PostgreSQL): one row per (worker, reason) holding every handle, and no row travels to
+        Python and back. `reasons` rewrites the returned reasons. Returns (worker, number of rows
+        changed) per audit row, or with `handles` (worker, the handles changed). The statement is
+        built once per `changes` (a statement built once itself) and audit columns: a batch only
+        binds its values. On SQLite the changed rows come back and are recorded as batch rows."""
+        if conn.dialect.name != "postgresql":
+            return self._record_changed(
+                conn, changes, params, action, kind, reasons, actor, now, handles
+            )
+        statement = _returned_statement(
+            changes, action, kind, tuple(reasons.items()), actor, handles
+        )
         rows = conn.execute(statement, {**params, "p_audit_at": now})
-        return [(worker, count) for worker, count in rows]
+        return [(worker, changed) for worker, changed in rows]
+
+    def _record_changed(self, conn, changes, params, action, kind, reasons, actor, now, handles):
+        """`record_returned` in two statements: the change, then its audit rows."""
+        changed = defaultdict(list)
+        for handle, worker, reason in conn.execute(changes, params):
+            changed[worker, reasons.get(reason, reason)].append(handle)
+        entries = [
+            AuditEntry.batch(action, kind, subjects, reason, worker)
+            for (worker, reason), subjects in sorted(changed.items())
+        ]
+        self.record(conn, entries, actor=actor, now=now)
+        return [
+            (entry.worker, list(entry.subjects) if handles else entry.count) for entry in entries
+        ]
 
     def list(self, conn: Connection, limit: int | None = None) -> list[dict]:
         """The newest `limit` entries first, a batch row expanded into one entry per handle."""
@@ -112,7 +136,9 @@ def expand(rows: Iterable) -> list[dict]:
 
 
 @functools.lru_cache(maxsize=64)
-def _returned_statement(changes, action: str, kind: str, reasons: tuple, actor: str):
+def _returned_statement(
+    changes, action: str, kind: str, reasons: tuple, actor: str, returning_handles: bool
+):
     """The statement of `AuditRepository.record_returned`, its time left to `p_audit_at`."""
     changed = changes.cte("changed")
     reason = (
@@ -140,5 +166,10 @@ def _returned_statement(changes, action: str, kind: str, reasons: tuple, actor: 
         insert(audit_events)
         .from_select(columns, rows)
         .add_cte(changed)
-        .returning(audit_events.c.worker_name, func.cardinality(audit_events.c.subjects))
+        .returning(
+            audit_events.c.worker_name,
+            audit_events.c.subjects
+            if returning_handles
+            else func.cardinality(audit_events.c.subjects),
+        )
     )

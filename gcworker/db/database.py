@@ -219,6 +219,14 @@ class Database:
         rows = func.json_each(bindparam(None, json.dumps(values), type_=Text, unique=True))
         return rows.table_valued("value")
 
+    def rowset_parameter(self, name: str):
+        """`rowset` of text values left to the parameter `name` (its value is
+        `values_parameter(values)`), for a statement built once and run many times."""
+        values = bindparam(name, type_=Text)
+        if self.is_postgresql:
+            return func.unnest(cast(values, ARRAY(Text()))).table_valued("value").render_derived()
+        return func.json_each(values).table_valued("value")
+
     @staticmethod
     def _array_param(values: list):
         return bindparam(None, _pg_array_literal(values), type_=Text, unique=True)

@@ -157,7 +157,7 @@ class InventoryRepository:
                 t.c.state == "destroying",
                 t.c.state_changed_at <= bindparam("p_now", type_=t.c.state_changed_at.type),
             )
-            .returning(t.c.handle)
+            .returning(t.c.handle, t.c.worker_name, literal("destroyed").label("reason"))
         )
 
     def _handles_params(self, worker: str, handles: list[str], now: datetime | None = None):
@@ -175,45 +175,51 @@ class InventoryRepository:
             .values(missing_since=None)
         ).rowcount
 
-    def record_unknown(
-        self, conn: Connection, worker: str, handles: list[str], now: datetime
-    ) -> int:
+    def unknown_statement(
+        self, worker: str, handles: list[str], now: datetime
+    ) -> tuple[object, dict]:
         """Rule 8: a handle with no row at all is recorded as destroying, so the worker removes it.
-
         A handle that another worker's row already holds is left alone (handles are unique).
-        """
-        if not handles:
-            return 0
+
+        Returns the statement, built once per kind and backend, returning (handle, worker_name,
+        reason "unknown") of each row it records, for `AuditRepository.record_returned` to audit
+        in the same statement; and its parameters."""
+        statement = _built_once(("unknown", self.kind, self.db.dialect), self._unknown_statement)
+        return statement, {
+            "p_handles": self.db.values_parameter(handles),
+            "p_worker": worker,
+            "p_now": now,
+        }
+
+    def _unknown_statement(self):
         t = self.table
         insert = postgresql.insert if self.db.is_postgresql else sqlite.insert
-        reported = self.db.rowset(handles)
-        stamp = literal(now, t.c.created_at.type)
-        statement = (
+        reported = self.db.rowset_parameter("p_handles")
+        worker = bindparam("p_worker", type_=t.c.worker_name.type)
+        stamp = bindparam("p_now", type_=t.c.created_at.type)
+        return (
             insert(t)
             .from_select(
                 ["handle", "worker_name", "state", "created_at", "state_changed_at"],
                 # SQLite needs a WHERE before ON CONFLICT in INSERT ... SELECT (parser ambiguity).
-                select(
-                    reported.c.value, literal(worker), literal("destroying"), stamp, stamp
-                ).where(true()),
+                select(reported.c.value, worker, literal("destroying"), stamp, stamp).where(true()),
             )
             .on_conflict_do_nothing(index_elements=["handle"])
+            .returning(t.c.handle, t.c.worker_name, literal("unknown").label("reason"))
         )
-        return conn.execute(statement).rowcount
 
-    def delete_confirmed_destroyed(
-        self, conn: Connection, worker: str, handles: list[str], built_at: datetime | None
-    ) -> list[str]:
+    def confirmed_destroyed_statement(
+        self, worker: str, handles: list[str], built_at: datetime
+    ) -> tuple[object, dict]:
         """Rule 9: a destroying row whose handle the worker no longer reports is done, if it was
         destroying already when the report was built (`built_at`): a report that waited in a
-        broker may predate the handle's creation. An undated report (None) confirms nothing."""
-        if not handles or built_at is None:
-            return []
-        result = conn.execute(
+        broker may predate the handle's creation. Returns the statement, returning (handle,
+        worker_name, reason "destroyed") of each deleted row for `record_returned`, and its
+        parameters."""
+        return (
             self._by_handles("destroyed", len(handles)),
             self._handles_params(worker, handles, built_at),
         )
-        return sorted(result.scalars())
 
     def mark_all_missing(self, conn: Connection, worker: str, now: datetime) -> int:
         """Rule 1 for a report that lists no handle of this kind: every created row is missing
@@ -225,10 +231,16 @@ class InventoryRepository:
             .values(missing_since=now)
         ).rowcount
 
-    def delete_all_of_worker(self, conn: Connection, worker: str) -> int:
-        """Rule 7, ephemeral worker: the old incarnation's rows are gone at once."""
+    def delete_all_of_workers(self, conn: Connection, names: list[str]) -> list[tuple[str, str]]:
+        """Every row of these workers (rule 7: an ephemeral worker's old incarnation; or the
+        workers are being deleted): returns (handle, worker) of each, for the audit."""
         t = self.table
-        return conn.execute(delete(t).where(t.c.worker_name == worker)).rowcount
+        statement = (
+            delete(t)
+            .where(self.db.member_of(t.c.worker_name, names))
+            .returning(t.c.handle, t.c.worker_name)
+        )
+        return sorted(conn.execute(statement).all())
 
     # Scheduler transitions ---------------------------------------------------------------
 

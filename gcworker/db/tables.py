@@ -1,4 +1,5 @@
-"""The schema as SQLAlchemy Core tables: workers, containers, volumes and the audit log.
+"""The schema as SQLAlchemy Core tables: workers, their tombstones, containers, volumes and the
+audit log.
 
 Alembic migrations in `migrations/` create exactly this schema (a test compares the two); the
 repositories build every statement from these tables.
@@ -89,6 +90,19 @@ workers = Table(
     ),
 )
 
+
+# What is left of a deleted worker (rule 16): its last incarnation, the highest sequence number
+# it had sent, and why and when it was deleted. A message of that name is accepted again only
+# from a higher incarnation (a restarted worker, rule 7): an older or equal one is a replay.
+worker_tombstones = Table(
+    "worker_tombstones",
+    metadata,
+    Column("worker_name", String(64), primary_key=True),
+    Column("incarnation", BigInteger, nullable=False),
+    Column("last_seq", BigInteger, nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("deleted_at", UTCDateTime, nullable=False),
+)
 
 _DIFF_COLUMNS = ["state", "missing_since", "handle"]
 ORPHANED = "container_owned AND container_id IS NULL AND state = 'created'"

@@ -1,4 +1,4 @@
-"""Every SQL statement on the `workers` table.
+"""Every SQL statement on the `workers` table and on the tombstones deleted workers leave.
 
 Any change to a worker or to its rows bumps `generation`; a report whose handles match the last
 accepted report of the same generation can then skip the diff (the steady-state fast path).
@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import functools
 import secrets
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection, bindparam, delete, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
+from gcworker.db.audit import AuditEntry
 from gcworker.db.database import Database, commit_without_waiting_column, statement_clock
+from gcworker.db.inventory import ContainerRepository, VolumeRepository
 from gcworker.db.oneshot import execute_one
-from gcworker.db.tables import containers, volumes, workers
-from gcworker.rules import WorkerView
+from gcworker.db.tables import containers, worker_tombstones, workers
+from gcworker.rules import Tombstone, WorkerView
 
 _VIEW_COLUMNS = (
     workers.c.name,
@@ -34,6 +38,42 @@ _VIEW_COLUMNS = (
 
 class UnknownWorker(LookupError):
     pass
+
+
+@dataclass(frozen=True)
+class DeletedWorker:
+    """A worker deleted by `WorkerRepository.delete`: the state it was in, and the handles of
+    the rows that went with it, by kind."""
+
+    name: str
+    state: str
+    handles: dict[str, list[str]]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {f"{kind}s": len(handles) for kind, handles in self.handles.items()}
+
+    def audit(self, reason: str) -> list[AuditEntry]:
+        """Rule 13: every row that went with the worker, by handle, then the worker itself."""
+        rows = [
+            AuditEntry.batch(
+                "delete", kind, handles, f"deleted with worker {self.name}: {reason}", self.name
+            )
+            for kind, handles in sorted(self.handles.items())
+            if handles
+        ]
+        counts = self.counts
+        return [
+            *rows,
+            AuditEntry(
+                "delete",
+                "worker",
+                self.name,
+                f"{reason}; {counts['containers']} containers and {counts['volumes']} volumes "
+                "deleted with it",
+                worker=self.name,
+            ),
+        ]
 
 
 class WorkerRepository:
@@ -222,16 +262,71 @@ class WorkerRepository:
         )
         return sorted(result.scalars())
 
-    def delete(self, conn: Connection, names, *, from_states=None) -> list[str]:
-        """Delete workers (their rows go with them, by cascade); returns the names deleted."""
+    def delete(self, conn: Connection, names, *, reason: str, now: datetime) -> list[DeletedWorker]:
+        """Delete workers with their rows, and leave a tombstone of each (rule 16): its last
+        incarnation and highest sequence number, and `reason`, so that its old messages,
+        replayed, are rejected. The workers are locked first (their incarnation and sequence
+        numbers cannot move before they go); their rows are deleted by statements that return
+        their handles, for the audit (a cascade would delete them unseen)."""
         names = sorted(set(names))
         if not names:
             return []
-        condition = [self.db.member_of(workers.c.name, names)]
-        if from_states is not None:
-            condition.append(workers.c.state.in_(from_states))
-        result = conn.execute(delete(workers).where(*condition).returning(workers.c.name))
-        return sorted(result.scalars())
+        w = workers.c
+        found = conn.execute(
+            select(w.name, w.state, w.incarnation, w.last_heartbeat_seq, w.last_report_seq)
+            .where(self.db.member_of(w.name, names))
+            .order_by(w.name)
+            .with_for_update()
+        ).all()
+        if not found:
+            return []
+        gone = [row.name for row in found]
+        handles: dict[str, dict[str, list[str]]] = {name: {} for name in gone}
+        # Volumes first: deleting containers first would only set their volumes' owner to NULL.
+        for repo in (VolumeRepository(self.db), ContainerRepository(self.db)):
+            for name in gone:
+                handles[name][repo.kind] = []
+            for handle, name in repo.delete_all_of_workers(conn, gone):
+                handles[name][repo.kind].append(handle)
+        insert = postgresql.insert if self.db.is_postgresql else sqlite.insert
+        tombstones = insert(worker_tombstones).values(
+            [
+                {
+                    "worker_name": row.name,
+                    "incarnation": row.incarnation,
+                    "last_seq": max(
+                        (s for s in (row.last_heartbeat_seq, row.last_report_seq) if s is not None),
+                        default=None,
+                    ),
+                    "reason": reason,
+                    "deleted_at": now,
+                }
+                for row in found
+            ]
+        )
+        conn.execute(
+            tombstones.on_conflict_do_update(
+                index_elements=["worker_name"],
+                set_={
+                    column: tombstones.excluded[column]
+                    for column in ("incarnation", "last_seq", "reason", "deleted_at")
+                },
+            )
+        )
+        conn.execute(delete(workers).where(self.db.member_of(w.name, gone)))
+        return [
+            DeletedWorker(row.name, row.state, {k: sorted(h) for k, h in handles[row.name].items()})
+            for row in found
+        ]
+
+    def tombstone(self, conn: Connection, name: str) -> Tombstone | None:
+        """The tombstone a deleted worker left (rule 16), or None. Read only for a message of a
+        worker that has no row, never on the path of a known worker's messages."""
+        t = worker_tombstones.c
+        row = conn.execute(
+            select(t.incarnation, t.reason).where(t.worker_name == name)
+        ).one_or_none()
+        return None if row is None else Tombstone(name, row.incarnation, row.reason)
 
     # Collector queries -------------------------------------------------------------------
 
@@ -282,14 +377,6 @@ class WorkerRepository:
                 heartbeat_expires_at=now + ttl, generation=workers.c.generation + 1
             )
         )
-
-    def row_counts(self, conn: Connection, name: str) -> dict[str, int]:
-        return {
-            kind: conn.execute(
-                select(func.count()).select_from(table).where(table.c.worker_name == name)
-            ).scalar_one()
-            for kind, table in (("containers", containers), ("volumes", volumes))
-        }
 
 
 # Statements every report runs, built once (building them costs more than sending them).

@@ -2,8 +2,9 @@
 
 Running workers whose heartbeat expired stall (ephemeral ones are deleted, rows and all);
 retiring workers that stopped heartbeating are deleted; landing workers land; stalled workers
-past the stalled-worker timeout are pruned. In disruption mode (rule 12) it stalls and deletes
-no one.
+past the stalled-worker timeout are pruned. A deleted worker leaves a tombstone (rule 16), and
+every row that goes with it is audited. In disruption mode (rule 12) it stalls and deletes no
+one.
 """
 
 from __future__ import annotations
@@ -85,19 +86,7 @@ class WorkerCollector:
 
     @staticmethod
     def _delete(ctx: CollectionContext, step: Step, repo: WorkerRepository, names, reason: str):
-        counts = {name: repo.row_counts(step.conn, name) for name in names}
-        deleted = repo.delete(step.conn, names)
-        ctx.record(
-            step,
-            [
-                AuditEntry(
-                    "delete",
-                    "worker",
-                    name,
-                    f"{reason}; {counts[name]['containers']} containers and "
-                    f"{counts[name]['volumes']} volumes deleted with it",
-                    worker=name,
-                )
-                for name in deleted
-            ],
-        )
+        """Delete workers with their rows, leaving their tombstones (rule 16), and audit every
+        row that went with them (rule 13)."""
+        for deleted in repo.delete(step.conn, names, reason=reason, now=step.now):
+            ctx.record(step, deleted.audit(reason))
