@@ -10,7 +10,11 @@ The model holds two things:
   (healthy; reports lagging behind heartbeats in the broker's report queue; runtime listing
   failing, so heartbeats only; silent). Every message is built from the runtime at one moment
   and may be delivered at once, wait in the broker (delivered later, in order or not), be
-  delivered again, or never. The broker may also be down for a while.
+  delivered again, or never; anyone with broker access may replay it later, however old. A
+  report is dated (`after`) with the control plane's time in the newest answer (stamp) its
+  reporter read, which the control plane gives when it receives one of its messages; before
+  any (a new incarnation, or answers that stopped reaching it) its reports are undated. The
+  broker may also be down for a while.
 - **a reference control plane** — DESIGN.md's rules written out plainly (no fast path, no
   generations, no SQL), fed the same messages, scheduler calls and collections. After every step
   the database must equal it: every worker (state, incarnation, sequence numbers, heartbeat
@@ -21,9 +25,12 @@ The model holds two things:
 
 Rules (steps) include the scheduler's create / created / fail / destroy, the worker creating
 handles, removing destroying ones, losing one handle or its whole runtime (a restart with a new
-incarnation; an ephemeral worker always loses it), stray handles, reporters changing mode, time
-passing in ticks (heartbeats, reports, broker deliveries and collections as the modes and the
-broker allow), collections (single, dry run, three at once from threads, beside a fence holder),
+incarnation; an ephemeral worker always loses it), stray handles, reporters changing mode or
+losing the control plane's answers (undated reports), replays of any message sent, a tampered
+reporter's report dated after its arrival (rejected), an operator pruning a worker (stalled
+first if needed) followed by replays of its old messages (rule 16), time passing in ticks
+(heartbeats, reports, broker deliveries and collections as the modes and the broker allow),
+collections (single, dry run, three at once from threads, beside a fence holder),
 and scenarios the random walk reaches too rarely: the report/creation race of the seed
 discussion; a worker partitioned past the TTL whose old report arrives after the heartbeat that
 began its new running period (rules 2 and 5); a worker whose listing fails for longer than the
@@ -38,7 +45,8 @@ Checked after every step, from the database and the truth (not from the referenc
    run) a held handle's row;
 2. no `creating` row is ever marked missing;
 3. a row deleted for being missing had been marked for at least the grace period, and a report
-   lacking it was received at or after `missing_since + grace` (as the model saw reports);
+   lacking it, dated at or after `missing_since + grace`, was received (as the model saw
+   reports: an undated one proves nothing);
 4. at most one collection runs at once: concurrent collections from threads do exactly the work
    of as many sequential ones as report "completed" (the others "skipped"; the audit shows
    nothing twice), and while the fence is held every collection is skipped and changes nothing;
@@ -54,10 +62,11 @@ Deliberate bounds, each a promise of the design rather than a shortcut:
   (`expires_at < now`, `missing_since <= now - grace`) exactly. The database is real; only its
   clock source stands still between advances.
 - Reports are dated as the reporter dates them (`after`: the control plane's time of the newest
-  answer it had read, which the in-process channel gives as the time of reading), so messages
-  may wait in the broker for up to three grace periods (MAX_DELAY). An undated report (the CLI,
-  in-process delivery) dates from its arrival, and one that waited longer than the grace period
-  could confirm a held handle's absence: `test_an_undated_report_...` below shows that limit.
+  answer it had read, read as soon as the control plane gives it), so the broker may keep a
+  message for up to three grace periods (MAX_DELAY), and a replay may be older still. An
+  undated report may mark and clear, never confirm (rule 4): the reference model confirms
+  from `after` only, and `test_a_report_delayed_past_the_grace_period_...` below shows the
+  case of the seed discussion.
 - The brake keeps its defaults (3 workers, 50%): with three workers it holds when all three
   running workers' heartbeats expire at once (a broker outage), so disruption mode and its
   recovery are part of the model. The deletion cap keeps its default, never reached here.
@@ -1187,6 +1196,35 @@ class GcMachine(RuleBasedStateMachine):
         self.lose_a_handle_and_report(host, lose_a_handle, data)
         mode, host.mode = host.mode, "no reports"
         self.pass_time(seconds, broker_up=True, collections=True, data=data)
+        host.mode = mode
+
+    @rule(
+        name=st.sampled_from(sorted(n for n, ephemeral in HOSTS.items() if not ephemeral)),
+        data=st.data(),
+    )
+    def worker_stalls_with_a_confirmed_absence(self, name, data):
+        """Rule 4's "W is running": a worker loses a handle, and its reports confirm the absence
+        past the grace period while no collection runs (the collector is down); then it falls
+        silent past the TTL before the collector is back. The collection that stalls it deletes
+        none of its rows (when it comes back, rule 5 restarts the clock)."""
+        host = self.hosts[name]
+        if host.silent:
+            return
+        mode, host.mode = host.mode, "healthy"
+        created = sorted(
+            (r.kind, r.handle)
+            for r in self.cp.rows_of(name)
+            if r.state == "created" and host.holds(r.kind, r.handle)
+        )
+        if created:
+            host.remove(*data.draw(st.sampled_from(created), label="lost"))
+            self.report_now(host)
+        self.pass_time(GRACE.seconds + 2 * TICK, broker_up=True, collections=False, data=data)
+        self.check()  # no two checks a grace period apart (see `pass_time`)
+        host.mode = "silent"
+        self.pass_time(TTL.seconds + TICK, broker_up=True, collections=False, data=data)
+        self.check()
+        self.collect_now()
         host.mode = mode
 
     def lose_a_handle_and_report(self, host: Host, lose: bool, data) -> None:
