@@ -433,7 +433,7 @@ def collect(obj: Context, dry_run):
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N.")
 @click.pass_obj
 def events(obj: Context, as_json, limit):
-    """List the audit log, newest first: what the collector changed and why."""
+    """List the audit log, newest first: every row or worker changed, by whom and why."""
     rows = obj.control_plane().events(limit)
     for row in rows:
         row["worker"] = row.pop("worker_name")

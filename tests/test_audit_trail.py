@@ -103,3 +103,17 @@ def test_audit_the_reconcilers_changes_are_audited_by_the_statement_that_makes_t
     assert states(plane) == {"u1": ("destroying", False)}
     assert len(audited) == 2
     assert all(s.lstrip().startswith("WITH changed AS") for s in audited), audited
+
+
+def test_audit_a_child_volume_deleted_with_its_worker_is_audited_too(plane, db, make_worker):
+    """SQLite's cascade deletes a child with its parent, unseen by RETURNING: still audited."""
+    w = make_worker("e1", ephemeral=True)
+    created(plane, "e1", "parent", kind="volume")
+    plane.scheduler.create_volume("e1", "child", parent="parent")
+    plane.scheduler.volume_created("child")
+
+    w.restart()  # rule 7: the old incarnation's rows go
+
+    assert states(plane, "volume") == {}
+    [rows] = [r for r in audit_rows(db) if r[2] == "volume"]
+    assert rows[1:3] == ("delete", "volume") and rows[5] == ["child", "parent"]

@@ -178,9 +178,10 @@ def test_seed_a_step_stuck_in_creating_for_a_day_is_failed_and_destroyed_rule10(
         plane.collect()
 
     assert states(plane) == {}  # failed, then destroying, then confirmed destroyed (rule 9)
-    assert [(e["action"], e["subject"]) for e in reversed(plane.events())] == [
-        ("fail", "step"),
-        ("destroy", "step"),
+    assert [(e["actor"], e["action"], e["subject"]) for e in reversed(plane.events())] == [
+        ("collector", "fail", "step"),
+        ("collector", "destroy", "step"),
+        ("reconciler", "delete", "step"),
     ]
 
 

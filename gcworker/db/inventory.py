@@ -235,12 +235,17 @@ class InventoryRepository:
         """Every row of these workers (rule 7: an ephemeral worker's old incarnation; or the
         workers are being deleted): returns (handle, worker) of each, for the audit."""
         t = self.table
-        statement = (
-            delete(t)
-            .where(self.db.member_of(t.c.worker_name, names))
-            .returning(t.c.handle, t.c.worker_name)
-        )
-        return sorted(conn.execute(statement).all())
+        theirs = self.db.member_of(t.c.worker_name, names)
+        if self.db.is_postgresql:
+            return sorted(
+                conn.execute(delete(t).where(theirs).returning(t.c.handle, t.c.worker_name))
+            )
+        # SQLite's cascade deletes a volume's children as it deletes the volume, unseen by
+        # RETURNING (and so unaudited): read the rows first (the transaction is IMMEDIATE:
+        # nothing changes between the two statements).
+        rows = conn.execute(select(t.c.handle, t.c.worker_name).where(theirs)).all()
+        conn.execute(delete(t).where(theirs))
+        return sorted(rows)
 
     # Scheduler transitions ---------------------------------------------------------------
 
