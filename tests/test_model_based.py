@@ -951,7 +951,10 @@ class GcMachine(RuleBasedStateMachine):
             STATS["workers pruned"] += 1
         if host.history:
             for sent in data.draw(st.lists(st.sampled_from(host.history), max_size=3)):
-                self.deliver(sent)
+                result = self.deliver(sent)
+                if isinstance(sent.message, Heartbeat) and name not in self.cp.workers:
+                    # Rule 16: only a higher incarnation than the tombstone's registers again.
+                    assert result.outcome == "rejected", f"a deleted worker's replay: {result}"
 
     @precondition(lambda self: any(h.held[k] for h in self.hosts.values() for k in KINDS))
     @rule(data=st.data())
@@ -1082,8 +1085,7 @@ class GcMachine(RuleBasedStateMachine):
         names = sorted(n for n, h in self.hosts.items() if not h.silent and h.answered)
         host = self.hosts[data.draw(st.sampled_from(names), label="worker")]
         as_of, listed = self.plane.destroying_handles_as_of(host.name)
-        if host.answered:
-            host.heard_at = max(host.heard_at or as_of, as_of)
+        host.heard_at = max(host.heard_at or as_of, as_of)
         model = {
             kind: sorted(
                 r.handle for r in self.cp.rows_of(host.name, kind) if r.state == "destroying"
