@@ -7,9 +7,9 @@ broker; see `gcworker.handoff`):
   `as_of`, and your rows were at generation `generation`". The reporter dates every report it
   builds after reading it with `as_of` (a report's `after`, rule 4): the only proof a report
   can give of when it was built.
-- a **destroy list**: the worker's `destroying` handles, read at `generation`. The reporter
-  removes them (rules 8-10) only while a current stamp names the same incarnation and
-  generation: nothing the list names can have changed since it was read.
+- a **destroy list**: the worker's `destroying` handles, read at `generation` and `as_of`. The
+  reporter removes them (rules 8-10) only while a current stamp names the same incarnation and
+  the list was read not long before it (`Reporter`).
 
 Anyone who can write to Redis can write these keys, so each answer is a JSON payload signed
 with the control plane's Ed25519 key (`GCWORKER_CONTROL_PLANE_KEY_FILE`, on the reconcilers);

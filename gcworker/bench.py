@@ -20,6 +20,9 @@ others' as a fleet's rows are):
   transaction's own tuple counters, read in one extra, untimed report) and WAL bytes per report
   (`pg_current_wal_insert_lsn()` before and after; the median, since the cluster is shared);
 - the collector deleting 100,000 missing rows beside an unbatched DELETE of the same rows;
+- the collector after a mass loss marked since the last ANALYZE (stale planner statistics: 4
+  workers x 25,000 marked rows, batches of 1,000 and 10,000), beside the same collection after
+  ANALYZE;
 - the peak RSS of a reconciler process (a child process) handling a 100,000-handle report;
 - the pipeline through Redis and real Celery worker processes (`gcworker.bench_pipeline`).
 
@@ -76,6 +79,11 @@ TARGET_COLLECT_VS_UNBATCHED = 1.5
 TARGET_PIPELINE_VS_NOOP = 0.7
 TARGET_COMPACT_BYTES = 1024
 TARGET_RSS_MB = 200.0
+# Issue 9: a collection's cost does not depend on fresh statistics.
+STALE_WORKERS = 4
+STALE_ROWS_PER_WORKER = 25_000
+STALE_BATCHES = (1_000, 10_000)
+TARGET_STALE_VS_ANALYZED = 2.0
 
 
 class BenchError(GcworkerError):
@@ -303,6 +311,8 @@ class BenchOptions:
     rss_handles: int = RSS_HANDLES
     pipeline: bool = True
     pipeline_sizes: tuple[int, ...] = (1_000, 10_000)
+    stale_rows_per_worker: int = STALE_ROWS_PER_WORKER
+    stale_batches: tuple[int, ...] = STALE_BATCHES
     reps: int | None = None  # per case; default depends on H
 
     @classmethod
@@ -317,6 +327,8 @@ class BenchOptions:
                 pipeline=False,
                 pipeline_sizes=(100,),
                 reps=3,
+                stale_rows_per_worker=500,
+                stale_batches=(100, 1_000),
             )
         return cls(sizes=sizes or DEFAULT_SIZES)
 
@@ -340,6 +352,7 @@ class BenchResult:
     reconcile: dict[str, dict[str, Any]] = field(default_factory=dict)
     wire: dict[str, dict[str, int]] = field(default_factory=dict)
     collector: dict[str, Any] = field(default_factory=dict)
+    stale_statistics: dict[str, Any] = field(default_factory=dict)
     rss: dict[str, Any] = field(default_factory=dict)
     pipeline: dict[str, Any] = field(default_factory=dict)
     targets: list[dict[str, Any]] = field(default_factory=list)
@@ -365,6 +378,7 @@ class BenchResult:
             "reconcile": self.reconcile,
             "wire": self.wire,
             "collector": self.collector,
+            "stale_statistics": self.stale_statistics,
             "rss": self.rss,
             "pipeline": self.pipeline,
             "targets": {t["key"]: t for t in self.targets},
@@ -812,6 +826,57 @@ class Bench:
             "unbatched_delete_with_audit": median_of(audited_unbatched),
         }
 
+    def bench_stale_statistics(self, per_worker: int, batches: tuple[int, ...]) -> dict[str, Any]:
+        """A mass loss (every container of 4 workers marked, and confirmed) collected with the
+        statistics of before the loss ("stale": the planner believes the marked ranges empty;
+        autovacuum is held off meanwhile) and after ANALYZE, for each batch size. Both runs
+        VACUUM first, so that they differ in the column statistics alone."""
+        from gcworker.gc.collection import collect
+        from gcworker.settings import load_settings
+
+        rows = STALE_WORKERS * per_worker
+        out: dict[str, Any] = {
+            "workers": STALE_WORKERS,
+            "rows_per_worker": per_worker,
+            "rows": rows,
+            "batches": {},
+        }
+        for batch in batches:
+            settings = load_settings(
+                database_url=self.url,
+                missing_grace_period="5m",
+                max_deletes_per_collection=rows,
+                delete_batch_size=batch,
+                dry_run=False,
+            )
+            runs = out["batches"][str(batch)] = {}
+            for statistics_ in ("stale", "analyzed"):
+                self.progress(
+                    f"collector: {STALE_WORKERS} x {per_worker:,} rows marked, batches of "
+                    f"{batch:,}, {statistics_} statistics"
+                )
+                self.fleet(STALE_WORKERS, per_worker, 0)  # analyzed before the loss
+                self.sql("ALTER TABLE containers SET (autovacuum_enabled = false)")
+                try:
+                    self.sql("UPDATE containers SET missing_since = now() - interval '1 hour'")
+                    self.sql("UPDATE workers SET last_report_at = now()")
+                    self.vacuum(analyze=statistics_ == "analyzed")
+                    self.instruments.reset()
+                    started = time.perf_counter()
+                    summary = collect(self.db, settings)
+                    elapsed = time.perf_counter() - started
+                finally:
+                    self.sql("ALTER TABLE containers RESET (autovacuum_enabled)")
+                runs[statistics_] = {
+                    "total_ms": round(elapsed * 1000, 1),
+                    "longest_statement_ms": round(self.instruments.longest[0] * 1000, 2),
+                    "longest_statement": self.instruments.longest[1],
+                    "statements": self.instruments.statements,
+                    "rows_deleted": rows - self.missing_rows(),
+                    "outcome": summary.outcome,
+                }
+        return out
+
     def unbatched_delete(self, audit: bool) -> dict[str, Any]:
         """Every missing row deleted by one statement per table (and, with `audit`, its audit
         rows written by the same statement): the floor a batched collection is compared with."""
@@ -1081,6 +1146,24 @@ def evaluate_targets(result: BenchResult) -> list[dict[str, Any]]:
             round(ratio, 2),
         )
 
+    stale = result.stale_statistics
+    for batch, runs in stale.get("batches", {}).items():
+        old, fresh = runs["stale"], runs["analyzed"]
+        ratio = old["total_ms"] / fresh["total_ms"]
+        longest = old["longest_statement_ms"]
+        add(
+            f"collector_stale_statistics_b{batch}",
+            f"collection of {stale['workers']} x {stale['rows_per_worker']:,} rows marked "
+            f"without ANALYZE (batch {int(batch):,}): within {TARGET_STALE_VS_ANALYZED:g}x of "
+            f"after-ANALYZE, no statement over {TARGET_LONGEST_STATEMENT_MS:g} ms",
+            f"{ratio:.2f}x ({old['total_ms']:.0f} vs {fresh['total_ms']:.0f} ms), longest "
+            f"{longest:.1f} ms ({old['longest_statement'][:40]}...)",
+            ratio <= TARGET_STALE_VS_ANALYZED
+            and longest <= TARGET_LONGEST_STATEMENT_MS
+            and old["rows_deleted"] == fresh["rows_deleted"] == stale["rows"],
+            round(ratio, 2),
+        )
+
     pipe = result.pipeline
     for n in result.options.pipeline_sizes:
         key = f"pipeline_vs_noop_n{n}"
@@ -1156,6 +1239,9 @@ def run_bench(
             result.reconcile[str(handles)] = bench.bench_size(handles)
             result.wire[str(handles)] = bench.wire_sizes(handles)
         result.collector = bench.bench_collector(options.collect_rows, 1 if options.quick else 3)
+        result.stale_statistics = bench.bench_stale_statistics(
+            options.stale_rows_per_worker, options.stale_batches
+        )
         result.rss = bench.bench_rss(options.rss_handles)
         if options.pipeline:
             from gcworker.bench_pipeline import bench_pipeline

@@ -1,4 +1,9 @@
-"""Printing listings: a readable table, or a JSON array with ISO 8601 UTC timestamps."""
+"""Printing listings: a readable table, or a JSON array with ISO 8601 UTC timestamps.
+
+A listing may show what a hostile message said (`gcworker dead-letters`): the table prints every
+value as plain text (never read as markup) with its control and format characters escaped
+(`\x1b`, `\u202e`), so that what a terminal receives it shows and never obeys; JSON escapes
+them itself."""
 
 from __future__ import annotations
 
@@ -8,12 +13,21 @@ from datetime import UTC, datetime
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def jsonable(value):
     if isinstance(value, datetime):
         return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
     return value
+
+
+def shown(value) -> str:
+    """A table cell: the value as text, anything unprintable in it escaped."""
+    text = "" if value is None else str(jsonable(value))
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def print_rows(rows: list[dict], columns: list[str], as_json: bool, *, title: str) -> None:
@@ -25,5 +39,5 @@ def print_rows(rows: list[dict], columns: list[str], as_json: bool, *, title: st
         return
     table = Table(*columns, box=None, pad_edge=False, header_style="bold")
     for row in rows:
-        table.add_row(*("" if row.get(c) is None else str(jsonable(row.get(c))) for c in columns))
+        table.add_row(*(Text(shown(row.get(c))) for c in columns))
     Console(width=200).print(table)

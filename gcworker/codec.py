@@ -2,7 +2,8 @@
 
 An envelope is `{"payload": "<the message as JSON text>", "signature": "<base64 Ed25519>"}`: the
 signature covers the payload's exact bytes, so every field of the message. Decoding checks, in
-order: the envelope's shape, the payload's size, the JSON, the message schema (version, names,
+order: the envelope's shape, the payload's size in UTF-8 bytes (text that has none, a lone
+surrogate, is rejected), the JSON (however deeply nested), the message schema (version, names,
 handles, caps, no duplicates), then the signature against the worker's registered public key.
 Anything wrong raises `Rejected` with a reason meant for a log line and the dead-letter list.
 
@@ -22,13 +23,14 @@ object. Both forms decode, whichever a reporter sends.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import Field, TypeAdapter, ValidationError
 
-from gcworker.messages import Heartbeat, Report, UnchangedReport
+from gcworker.messages import WORKER_NAME_PATTERN, Heartbeat, Report, UnchangedReport
 from gcworker.signing import sign, verify
 
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
@@ -75,35 +77,67 @@ def decode(
 ) -> Message:
     """The message in `envelope`, checked; `public_key_of(worker)` gives the active key or None.
     `claimed(worker)` is told the worker a signed message names as soon as it is read, before
-    anything is checked (so that its key can be read meanwhile): a name, nothing more."""
+    the rest is checked (so that its key can be read meanwhile): a valid name, nothing more."""
+    payload, data = _payload(envelope, max_bytes)
+    fields = _parsed(payload)
+    worker = fields.get("worker") if isinstance(fields, dict) else None
+    worker = worker if isinstance(worker, str) else None
+    signature = envelope.get("signature")
+    if claimed is not None and signature is not None and _is_worker_name(worker):
+        claimed(worker)
+    message = _validated(fields, worker, payload)
+    _check_signature(message, payload, data, signature, public_key_of, allow_unsigned)
+    return message
+
+
+def _payload(envelope: Any, max_bytes: int) -> tuple[str, bytes]:
+    """The envelope's payload, as text and as the UTF-8 bytes its signature covers."""
     if not isinstance(envelope, dict) or not isinstance(envelope.get("payload"), str):
         raise Rejected("malformed envelope: expected an object with a string payload")
-    unknown = sorted(set(envelope) - {"payload", "signature"})
+    unknown = sorted(str(name)[:40] for name in set(envelope) - {"payload", "signature"})
     if unknown:
-        raise Rejected(f"malformed envelope: unknown fields {unknown}")
+        raise Rejected(f"malformed envelope: unknown fields {unknown[:5]}")
     payload: str = envelope["payload"]
-    if len(payload) > max_bytes:
+    try:
+        data = payload.encode()
+    except UnicodeEncodeError as error:  # a lone surrogate: no bytes to sign, nothing to store
         raise Rejected(
-            f"oversized message: {len(payload)} bytes, the limit is {max_bytes}", payload=payload
+            f"malformed payload: not UTF-8 text ({error.reason} at character {error.start})",
+            payload=payload,
+        ) from None
+    if len(data) > max_bytes:
+        raise Rejected(
+            f"oversized message: {len(data)} bytes, the limit is {max_bytes}", payload=payload
         )
+    return payload, data
+
+
+def _parsed(payload: str) -> Any:
+    """The payload's JSON: an object, or the array of a compact report made one."""
     try:
         fields = json.loads(payload)
     except ValueError as error:
         raise Rejected(f"malformed JSON: {error}", payload=payload) from None
+    except RecursionError:
+        raise Rejected("malformed JSON: nested too deeply", payload=payload) from None
     if isinstance(fields, list):
         fields = _compact_fields(fields, payload)
-    worker = fields.get("worker") if isinstance(fields, dict) else None
-    worker = worker if isinstance(worker, str) else None
-    if claimed is not None and worker is not None and envelope.get("signature") is not None:
-        claimed(worker)
+    return fields
+
+
+def _validated(fields: Any, worker: str | None, payload: str) -> Message:
     try:
-        message = _message_adapter.validate_python(fields)
+        return _message_adapter.validate_python(fields)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "message"
         raise Rejected(f"invalid message: {where}: {first['msg']}", worker, payload) from None
-    _check_signature(message, payload, envelope.get("signature"), public_key_of, allow_unsigned)
-    return message
+    except Exception as error:  # noqa: BLE001 - whatever the input breaks, it is the input's fault
+        raise Rejected(f"invalid message: {type(error).__name__}", worker, payload) from None
+
+
+def _is_worker_name(worker: str | None) -> bool:
+    return worker is not None and re.fullmatch(WORKER_NAME_PATTERN, worker) is not None
 
 
 def _compact_fields(values: list, payload: str) -> dict[str, Any]:
@@ -121,7 +155,7 @@ def _compact_fields(values: list, payload: str) -> dict[str, Any]:
     }
 
 
-def _check_signature(message, payload, signature, public_key_of, allow_unsigned) -> None:
+def _check_signature(message, payload, data, signature, public_key_of, allow_unsigned) -> None:
     worker = message.worker
     if signature is None:
         if allow_unsigned:
@@ -134,5 +168,5 @@ def _check_signature(message, payload, signature, public_key_of, allow_unsigned)
     public_key = public_key_of(worker)
     if public_key is None:
         raise Rejected(f"no active key for worker {worker!r} (unknown or revoked)", worker, payload)
-    if not verify(public_key, payload.encode(), signature):
+    if not verify(public_key, data, signature):
         raise Rejected(f"wrong signature for worker {worker!r}", worker, payload)

@@ -27,6 +27,10 @@ children (a reconciler and beat, stopped by their process ids at the end): repor
 signed messages (a key per worker, registered at start), learn what to remove from the
 reconciler's hand-off in Redis, and beat triggers the collections. Queues and keys live under a
 broker namespace of this run alone, removed at the end.
+
+With `runtime="docker[:URL]"` the workers' "directories" are a real engine's containers and
+volumes (gcworker.demo_engine): a runtime restart removes that worker's objects behind
+gcworker's back, and everything the run made is removed from the engine at the end.
 """
 
 from __future__ import annotations
@@ -49,9 +53,11 @@ from sqlalchemy import select
 from gcworker.db.audit import expand
 from gcworker.db.tables import audit_events, containers, volumes, workers
 from gcworker.delivery import InProcessChannel
+from gcworker.demo_engine import Engine, EngineRuntime
 from gcworker.errors import GcworkerError
 from gcworker.runtimes import KINDS, RuntimeError_
 from gcworker.runtimes.dir import DirRuntime
+from gcworker.runtimes.docker import ENGINE_ERRORS, WORKER_LABEL, short
 from gcworker.settings import ENV_PREFIX
 
 Key = tuple[str, str]  # (kind, handle)
@@ -76,6 +82,8 @@ class DemoConfig:
     settle_timeout: float = 20.0
     broker_url: str = ""  # empty: embedded mode
     startup_timeout: float = 60.0
+    # `dir` (a folder per worker) or `docker[:URL]` (one engine, a label per worker)
+    runtime: str = "dir"
 
     MIN_WORKERS = 4
     MIN_DURATION = 12.0
@@ -327,8 +335,7 @@ class SimulatedRuntime:
         self.lock = lock
         self.history = history
         self.reachable = True
-        for kind in KINDS:
-            (root / f"{kind}s").mkdir(parents=True, exist_ok=True)
+        self.dir.declare_empty()
 
     def inventory(self):
         if not self.reachable:
@@ -358,7 +365,7 @@ class SimulatedRuntime:
                 lost[key[0]] += 1
             for kind in KINDS:
                 shutil.rmtree(self.root / f"{kind}s", ignore_errors=True)
-                (self.root / f"{kind}s").mkdir(parents=True, exist_ok=True)
+            self.dir.declare_empty()
             return lost
 
     def vanish(self) -> None:
@@ -416,7 +423,7 @@ class ReporterThread:
 class SimWorker:
     name: str
     ephemeral: bool
-    runtime: SimulatedRuntime
+    runtime: SimulatedRuntime | EngineRuntime
     reporter: ReporterThread | None = None
     incarnations: list[int] = field(default_factory=list)
     gone: bool = False
@@ -463,6 +470,7 @@ class Demo:
         self.supervisor = None  # broker mode: the Celery reconciler and beat
         self.channels: list = []
         self.mode = "embedded (SQLite, events applied in-process)"
+        self.engine: Engine | None = None  # docker runtime: the engine every worker shares
 
     # Set-up --------------------------------------------------------------------------------
 
@@ -574,13 +582,29 @@ class Demo:
         except Exception as error:  # leaving a few expired-soon keys is harmless
             self.say(f"cleaning the broker namespace: {error!r}")
 
+    def _open_engine(self) -> None:
+        kind, _, url = self.config.runtime.partition(":")
+        if kind != "docker":
+            return
+        self.engine = Engine(url or None)
+        try:
+            self.engine.open()
+        except RuntimeError_ as error:
+            raise DemoError(str(error)) from None
+        self.mode += f", workers on the engine {url or 'DOCKER_HOST'}"
+        self.say(f"workers' objects labelled {WORKER_LABEL}={self.engine.run}-<worker>")
+
     def _make_workers(self) -> None:
         n = self.config.workers
+        self._open_engine()
         for i in range(1, n + 1):
             name = f"worker-{i}"
-            runtime = SimulatedRuntime(
-                name, self.root / "workers" / name, self.disk_lock, self.history
-            )
+            if self.engine is not None:
+                runtime = EngineRuntime(name, self.engine, self.disk_lock, self.history)
+            else:
+                runtime = SimulatedRuntime(
+                    name, self.root / "workers" / name, self.disk_lock, self.history
+                )
             self.sim[name] = SimWorker(name, ephemeral=(i == n), runtime=runtime)
         self.sim[f"worker-{n}"].note = "ephemeral"
 
@@ -1035,6 +1059,13 @@ class Demo:
         self._stop_control_plane()
         if self.plane is not None:
             self.plane.close()
+        if self.engine is not None:
+            try:
+                self.outcomes.append(f"engine: {self.engine.clean()}")
+            except ENGINE_ERRORS as error:
+                self.outcomes.append(
+                    f"engine: could not remove what run {self.engine.run} made: {short(error)}"
+                )
 
 
 # The live view -------------------------------------------------------------------------------

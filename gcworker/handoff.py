@@ -133,18 +133,6 @@ redis.call('EXPIRE', KEYS[3], ttl)
 return 1
 """
 
-# KEYS: stamp, stamp version. ARGV: version, ttl, sealed stamp. 1: stored; 0: a newer one is.
-_STAMP_IF_NEWER = """
-local current = redis.call('GET', KEYS[2])
-if current and tonumber(current) >= tonumber(ARGV[1]) then
-  return 0
-end
-local ttl = tonumber(ARGV[2])
-redis.call('SET', KEYS[1], ARGV[3], 'EX', ttl)
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ttl)
-return 1
-"""
-
 REFRESHED, NEWER_STORED, FULL_NEEDED = 1, 0, -1
 LIST_AND_STAMP_KEYS = ("list", "version", "generation", "stamp", "stamp-version")
 
@@ -421,7 +409,6 @@ class DestroyingBoard:
         self.allow_unsigned = allow_unsigned
         self._replace = redis_client.register_script(_REPLACE_IF_NEWER)
         self._refresh = redis_client.register_script(_REFRESH_IF_SAME_GENERATION)
-        self._stamp = redis_client.register_script(_STAMP_IF_NEWER)
 
     @classmethod
     def from_settings(cls, settings, redis_client=None) -> DestroyingBoard:
@@ -475,15 +462,6 @@ class DestroyingBoard:
                     seal(head.stamp(seq), self.signing_key),
                 ],
             )
-        )
-
-    def stamp(self, head: Head, seq: int) -> bool:
-        """Store the stamp of `head` answering the worker's message `seq`, unless a newer one is
-        there (a heartbeat's answer: it dates the worker's next reports)."""
-        stamp_key, stamp_version_key = self.keys(head.worker)[3:]
-        sealed = seal(head.stamp(seq), self.signing_key)
-        return bool(
-            self._stamp(keys=[stamp_key, stamp_version_key], args=[head.version, self._ttl, sealed])
         )
 
     def feedback(self, worker: str) -> Feedback:
@@ -630,18 +608,3 @@ def publish_snapshot(
     )
     return snapshot
 
-
-def stamp_heartbeat(db: Database, board: DestroyingBoard, worker: str, seq: int) -> Head | None:
-    """Answer the worker's heartbeat `seq` with a stamp, so that a worker gets a date quickly
-    (a new one, or one whose answers expired); logged, never raised."""
-    try:
-        head = read_head(db, worker)
-        if head is not None:
-            board.stamp(head, seq)
-        return head
-    except Exception as error:  # noqa: BLE001 - the heartbeat itself is committed
-        log.warning(
-            "heartbeat stamp not stored: the worker's reports stay undated until the next",
-            extra={"worker": worker, "error": f"{type(error).__name__}: {error}"},
-        )
-        return None

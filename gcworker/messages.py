@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 from gcworker.errors import GcworkerError
 
@@ -15,8 +23,31 @@ WORKER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 HANDLE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 MAX_HANDLES_PER_KIND = 200_000
 
+# Every number and time a message carries fits the database's columns and any arithmetic on it:
+# a counter is a signed 64-bit integer (PostgreSQL's bigint), a time is aware and, in UTC, within
+# years that no timezone shift or grace period can carry out of Python's range. A host whose
+# clock was never set reads 1970: its clock is only recorded, so its messages still count.
+MAX_COUNTER = 2**63 - 1
+EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(2200, 1, 1, tzinfo=UTC)
+
+
+def _in_time_range(value: datetime) -> datetime:
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:  # year 1 at +14:00, year 9999 at -14:00
+        utc = None
+    if utc is None or not EARLIEST_TIME <= utc < LATEST_TIME:
+        raise ValueError(
+            f"a time from {EARLIEST_TIME.year} to {LATEST_TIME.year - 1} (UTC) is expected"
+        )
+    return value
+
+
 WorkerName = Annotated[str, StringConstraints(pattern=WORKER_NAME_PATTERN)]
 Handle = Annotated[str, StringConstraints(pattern=HANDLE_PATTERN)]
+Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
+Time = Annotated[AwareDatetime, AfterValidator(_in_time_range)]
 
 
 class _Message(BaseModel):
@@ -24,9 +55,9 @@ class _Message(BaseModel):
 
     version: Literal[1] = MESSAGE_VERSION
     worker: WorkerName
-    incarnation: int = Field(ge=0)
-    seq: int = Field(ge=0)
-    clock: datetime | None = None
+    incarnation: Counter
+    seq: Counter
+    clock: Time | None = None
 
 
 class Heartbeat(_Message):
@@ -38,7 +69,7 @@ class Heartbeat(_Message):
 class _Inventory(_Message):
     # The control plane's time of the newest answer (feedback) the reporter had read when it
     # built this report: the report dates from after it. Confirms absences (rule 4) from then.
-    after: datetime | None = None
+    after: Time | None = None
 
 
 class Report(_Inventory):

@@ -152,7 +152,8 @@ REPORTER_REMOVED = Counter(
 REPORTER_ANSWERS_IGNORED = Counter(
     "gcworker_reporter_answers_ignored",
     "Control-plane answers (stamp, destroy list) the reporter ignored, by answer and reason "
-    "(untrusted: unsigned or forged; stale, future, other_incarnation: not current).",
+    "(untrusted: unsigned or forged; stale, future, other_incarnation: not current; "
+    "other_generation: a list awaiting its newer version).",
     ["answer", "reason"],
 )
 REPORTER_HANDLES_SKIPPED = Counter(
@@ -160,6 +161,11 @@ REPORTER_HANDLES_SKIPPED = Counter(
     "Entries the reporter skipped: listed by the runtime but no valid handle (never reported), "
     "or named for removal but invalid or not held by the runtime (never removed).",
     ["why"],
+)
+SWEEP_FAILURES = Counter(
+    "gcworker_reporter_sweep_failures",
+    "Removals of destroying handles that failed or timed out (retried on a later round).",
+    ["kind", "reason"],
 )
 
 for _outcome in REPORT_OUTCOMES:
@@ -172,7 +178,9 @@ for _kind in KINDS:
     UNKNOWN_HANDLES.labels(_kind)
     ROWS_DELETED.labels(_kind, "missing")
     ROWS_DELETED.labels(_kind, "confirmed_destroyed")
-for _task in ("heartbeat", "report"):
+    for _reason in ("error", "timeout"):
+        SWEEP_FAILURES.labels(_kind, _reason)
+for _task in ("heartbeat", "report", "collect"):
     MESSAGES_REJECTED.labels(_task)
 
 

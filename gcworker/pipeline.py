@@ -8,6 +8,7 @@ event or a collection is handled, measured and logged the same way in both modes
 from __future__ import annotations
 
 import logging
+import reprlib
 import time
 from collections.abc import Callable
 
@@ -38,6 +39,30 @@ def receive(plane, envelope, *, task: str, hooks=None):
         return result
     observe(result, time.perf_counter() - started)
     return result
+
+
+# What a dead letter shows of a task's wrong arguments: a bounded sketch, whatever their size.
+_sketch = reprlib.Repr()
+_sketch.maxlevel, _sketch.maxstring, _sketch.maxother = 3, 120, 120
+
+
+def rejected_call(plane, task: str, args: tuple, kwargs: dict, *, takes: int) -> bool:
+    """Whether the Celery task `gcworker.<task>` was called with other arguments than its
+    `takes` positional ones (1, the envelope, or none): what a broker message says is anyone's
+    to write. Such a call is rejected like a malformed message (dead-lettered, counted, logged)
+    and the task returns normally, so that its message is acknowledged once instead of failing
+    with a TypeError."""
+    if len(args) == takes and not kwargs:
+        return False
+    wanted = "one envelope" if takes else "no arguments"
+    rejected = Rejected(
+        f"malformed task call: gcworker.{task} takes {wanted}, got {len(args)} positional "
+        f"and {len(kwargs)} keyword arguments",
+        payload=_sketch.repr((args, kwargs)),
+    )
+    plane.dead_letter(rejected)
+    metrics.MESSAGES_REJECTED.labels(task).inc()
+    return True
 
 
 def apply(plane, message):

@@ -44,8 +44,11 @@ from gcworker.rules import (
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_REASON = "unknown handle reported: recorded as destroying, for the worker to remove it"
-DESTROYED_REASON = "destroyed: the worker no longer reports it"
+# The audit's reasons for the reconciler's changes (rules 8 and 9).
+REASONS = {
+    "unknown": "unknown handle reported: recorded as destroying, for the worker to remove it",
+    "destroyed": "destroyed: the worker no longer reports it",
+}
 
 
 @dataclass
@@ -104,7 +107,9 @@ class Reconciler:
             worker = self.workers.lock(conn, message.worker)
             tombstone = self.workers.tombstone(conn, message.worker) if worker is None else None
             decision = judge_heartbeat(worker, message.incarnation, message.seq, tombstone)
-            result = HeartbeatResult(message.worker, decision.outcome, message.seq, decision.reason)
+            result = HeartbeatResult(
+                message.worker, decision.outcome, message.seq, decision.reason
+            )
             if decision.outcome is HeartbeatOutcome.REGISTERED:
                 self.workers.register(
                     conn,
@@ -345,17 +350,8 @@ class Reconciler:
 
     def _recorded_unknown(self, conn, repo: InventoryRepository, name: str, handles, now) -> int:
         """Rule 8, audited by the same statement (rule 13): how many handles were recorded."""
-        if not handles:
-            return 0
-        audited = self.audit.record_returned(
-            conn,
-            *repo.unknown_statement(name, handles, now),
-            action="record_unknown",
-            kind=repo.kind,
-            reasons={"unknown": UNKNOWN_REASON},
-            actor="reconciler",
-            now=now,
-        )
+        statement = repo.unknown_statement(name, handles, now) if handles else None
+        audited = self._audited(conn, repo, statement, "record_unknown", "unknown", now)
         return sum(count for _, count in audited)
 
     def _confirmed_destroyed(
@@ -363,19 +359,26 @@ class Reconciler:
     ) -> list[str]:
         """Rule 9, audited by the same statement (rule 13): the handles whose rows went. An
         undated report (`built_at` None) confirms nothing."""
-        if not handles or built_at is None:
+        statement = None
+        if handles and built_at is not None:
+            statement = repo.confirmed_destroyed_statement(name, handles, built_at)
+        audited = self._audited(conn, repo, statement, "delete", "destroyed", now, handles=True)
+        return sorted(handle for _, deleted in audited for handle in deleted)
+
+    def _audited(self, conn, repo, statement, action: str, reason: str, now, **options) -> list:
+        """Run a change of the reconciler's with its audit row (none when there is nothing)."""
+        if statement is None:
             return []
-        audited = self.audit.record_returned(
+        return self.audit.record_returned(
             conn,
-            *repo.confirmed_destroyed_statement(name, handles, built_at),
-            action="delete",
+            *statement,
+            action=action,
             kind=repo.kind,
-            reasons={"destroyed": DESTROYED_REASON},
+            reasons={reason: REASONS[reason]},
             actor="reconciler",
             now=now,
-            handles=True,
+            **options,
         )
-        return sorted(handle for _, deleted in audited for handle in deleted)
 
     @staticmethod
     def _logged(result: ReportResult) -> ReportResult:

@@ -12,9 +12,12 @@ What the reporter believes of the control plane's answers (rule 15, `gcworker.an
 is current when it is authentic, made for this worker's incarnation, and answers a message this
 reporter sent within `answer_max_age` (an older one is stale, one naming a message it never
 sent is from the future). Reports built after reading a current stamp are dated with its time
-(`after`, rule 4); before any, reports are undated and confirm nothing. A destroy list is acted
-on only with a current stamp of the same incarnation and generation, and only for handles that
-are valid and that the runtime holds at this round's listing.
+(`after`, rule 4); before any, reports are undated and confirm nothing; a stamp older than one
+already read is stale. A destroy list is acted on only with a current stamp of the same
+incarnation and generation (the list then says what the database held at the stamp's time), and
+only for handles that are valid and that the runtime held at every listing since the newest one
+the stamp answers: the list was read after that listing, so a handle it names is the one the
+runtime holds, never an earlier holder of a reused name.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from datetime import UTC, datetime
 
 from gcworker import metrics
@@ -32,6 +35,7 @@ from gcworker.delivery import Channel, Feedback
 from gcworker.messages import HANDLE_PATTERN, Heartbeat, Report, UnchangedReport
 from gcworker.rules import report_digest
 from gcworker.runtimes import Inventory, Runtime, RuntimeError_
+from gcworker.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ DESTROY_PER_REPORT = 50
 FULL_REPORT_EVERY = 10
 MIN_ANSWER_MAX_AGE_S = 600.0
 MAX_WARNED_NAMES = 1000
+LISTINGS_KEPT = 4
 _HANDLE = re.compile(HANDLE_PATTERN)
 
 
@@ -57,6 +62,7 @@ class Reporter:
         destroy_per_report: int = DESTROY_PER_REPORT,
         full_report_every: int = FULL_REPORT_EVERY,
         answer_max_age: float | None = None,
+        sweeper: Sweeper | None = None,
     ):
         self.worker = worker
         self.runtime = runtime
@@ -70,6 +76,8 @@ class Reporter:
         self.destroy_per_report = destroy_per_report
         self.full_report_every = full_report_every
         self.answer_max_age = answer_max_age or max(10 * report_interval, MIN_ANSWER_MAX_AGE_S)
+        # Removals off the reporter's loop, bounded and timed out; without one, one at a time.
+        self.sweeper = sweeper
         self._last_seq = 0
         self._sent: OrderedDict[int, float] = OrderedDict()  # seq -> monotonic time, recent
         self._last_full_digest: str | None = None
@@ -77,6 +85,9 @@ class Reporter:
         self._full_report_wanted = False
         self._stamp: Stamp | None = None  # the newest current stamp
         self._warned: set[str] = set()  # names already warned about (bounded)
+        self._complaints: set[tuple[str, str]] = set()  # answers warned about since the last
+        # The last few listings, with the sequence number of the report built from each.
+        self._listings: deque[tuple[int, Inventory]] = deque(maxlen=LISTINGS_KEPT)
 
     @property
     def heard_at(self) -> datetime | None:
@@ -108,6 +119,8 @@ class Reporter:
 
     def report(self) -> bool:
         """Send one report and remove what the control plane destroys; False if none was sent."""
+        if self._stamp is None:  # date the first report too, if an answer is there already:
+            self._take_feedback()  # read before the listing, as every later report's date is
         try:
             inventory = self._listing()
         except RuntimeError_ as error:
@@ -115,8 +128,6 @@ class Reporter:
                 "listing failed: no report sent", extra={"worker": self.worker, "error": str(error)}
             )
             return False
-        if self._stamp is None:  # date the first report too, if an answer is there already
-            self._take_feedback()
         digest = report_digest(inventory.containers, inventory.volumes)
         fields = {
             "after": self.heard_at,
@@ -132,6 +143,7 @@ class Reporter:
             self._send(Report(**fields, containers=inventory.containers, volumes=inventory.volumes))
             self._last_full_digest, self._compact_since_full = digest, 0
             self._full_report_wanted = False
+        self._listings.append((fields["seq"], inventory))
         log.info(
             "report sent",
             extra={
@@ -142,7 +154,7 @@ class Reporter:
                 "volumes": len(inventory.volumes),
             },
         )
-        self._act_on_feedback(inventory)
+        self._act_on_feedback()
         return True
 
     def _listing(self) -> Inventory:
@@ -176,24 +188,25 @@ class Reporter:
             and not self._full_report_wanted
         )
 
-    def _take_feedback(self) -> dict[str, list[str]]:
+    def _take_feedback(self) -> tuple[Stamp | None, dict[str, list[str]]]:
         """Read the control plane's answer: keep its stamp if it is current (reports built from
-        now on date from it), and return the destroy list's handles if the list is current too
-        (empty otherwise)."""
+        now on date from it), and return it with the destroy list's handles if the list is
+        current too: of the stamp's incarnation and generation, so read when the stamp says
+        nothing had changed since (None and empty otherwise)."""
         feedback = self.channel.feedback(self.worker)
         self._full_report_wanted |= feedback.full_report_wanted
         stamp = feedback.stamp
         if stamp is None or not self._is_current(stamp, "stamp"):
-            return {}
-        if self._stamp is None or stamp.as_of > self._stamp.as_of:
-            self._stamp = stamp
+            return None, {}
+        self._stamp = stamp
+        self._complaints.clear()  # the control plane answers again: warn afresh
         listed = feedback.destroy_list
         if listed is None:
-            return {}
+            return stamp, {}
         if (listed.incarnation, listed.generation) != (stamp.incarnation, stamp.generation):
-            self._ignored("destroylist", "other_generation", "not the stamp's generation")
-            return {}
-        return listed.by_kind()
+            metrics.REPORTER_ANSWERS_IGNORED.labels("destroylist", "other_generation").inc()
+            return stamp, {}  # a newer list is on its way: no warning
+        return stamp, listed.by_kind()
 
     def _is_current(self, stamp: Stamp, answer: str) -> bool:
         if stamp.worker != self.worker or stamp.incarnation != self.incarnation:
@@ -203,23 +216,33 @@ class Reporter:
         sent = self._sent.get(stamp.seq)
         if sent is None or time.monotonic() - sent > self.answer_max_age:
             return self._ignored(answer, "stale", f"answers message {stamp.seq}, not recent")
+        if self._stamp is not None and stamp.as_of < self._stamp.as_of:
+            return self._ignored(answer, "stale", "older than an answer already read")
         return True
 
     def _ignored(self, answer: str, reason: str, detail: str) -> bool:
+        """Count an answer that is not current; warn once for each kind of complaint until the
+        control plane answers again (a restarted reporter reads its old life's answer until
+        its first heartbeat is answered: one line, not one per round)."""
         metrics.REPORTER_ANSWERS_IGNORED.labels(answer, reason).inc()
-        log.warning(
-            "control plane answer ignored: not current",
-            extra={"worker": self.worker, "answer": answer, "reason": reason, "detail": detail},
-        )
+        if (answer, reason) not in self._complaints:
+            self._complaints.add((answer, reason))
+            log.warning(
+                "control plane answer ignored: not current",
+                extra={"worker": self.worker, "answer": answer, "reason": reason, "detail": detail},
+            )
         return False
 
-    def _act_on_feedback(self, inventory: Inventory) -> int:
+    def _act_on_feedback(self) -> int:
         """Remove up to `destroy_per_report` handles of the current destroy list that are valid
-        and that the runtime held at this round's listing; a removal that fails is logged and
-        tried again at a later round. Returns how many handles were removed."""
-        held = {"container": set(inventory.containers), "volume": set(inventory.volumes)}
+        and that the runtime held at every listing since the newest one the stamp answers (the
+        list was read after that listing: the handle it names is the one the runtime holds, not
+        an earlier holder of the same name); a removal that fails is logged and tried again at
+        a later round. Returns how many handles were removed."""
+        stamp, destroying = self._take_feedback()
+        held = self._held_since(stamp.seq) if destroying else None
         removed = 0
-        for kind, handles in self._take_feedback().items():
+        for kind, handles in destroying.items():
             for handle in handles:
                 if removed >= self.destroy_per_report:
                     break
@@ -229,6 +252,10 @@ class Reporter:
                     continue
                 if handle not in held[kind]:
                     metrics.REPORTER_HANDLES_SKIPPED.labels("not_held").inc()
+                    continue
+                if self.sweeper is not None:
+                    self.sweeper.submit(kind, handle)  # logs and counts its own failures
+                    removed += 1
                     continue
                 try:
                     self.runtime.destroy(kind, handle)
@@ -245,8 +272,23 @@ class Reporter:
                     continue
                 removed += 1
         if removed:
-            log.info("removed destroying handles", extra={"worker": self.worker, "count": removed})
+            log.info(
+                "removing destroying handles", extra={"worker": self.worker, "count": removed}
+            )
         return removed
+
+    def _held_since(self, answered_seq: int) -> dict[str, set[str]]:
+        """The handles of each kind in every kept listing from the newest whose report was sent
+        no later than the message `answered_seq` on (none if no kept listing is that old)."""
+        listings = list(self._listings)
+        answered = [i for i, (seq, _) in enumerate(listings) if seq <= answered_seq]
+        if not answered:
+            return {"container": set(), "volume": set()}
+        window = [inventory for _, inventory in listings[answered[-1] :]]
+        return {
+            kind: set.intersection(*(set(getattr(inv, f"{kind}s")) for inv in window))
+            for kind in ("container", "volume")
+        }
 
     def acknowledged(self) -> bool:
         """Whether the control plane answered this reporter's newest message (a current stamp

@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     control_plane_public_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9+/]{43}=$")
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     dead_letter_limit: int = Field(default=1000, ge=1)
+    # The reporter's sweeper: removals in flight at once, per kind, and how long one may take
+    # before its handle is freed for a later round (Concourse: 5 containers, 3 volumes, 5m).
+    sweep_containers_in_flight: int = Field(default=5, ge=1)
+    sweep_volumes_in_flight: int = Field(default=3, ge=1)
+    destroy_timeout: Duration = timedelta(minutes=5)
 
     @field_validator(
         "missing_grace_period",
@@ -88,6 +93,7 @@ class Settings(BaseSettings):
         "creating_timeout",
         "gc_interval",
         "broker_visibility_timeout",
+        "destroy_timeout",
     )
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:
@@ -168,7 +174,8 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(f"{ENV_PREFIX}{field.upper()}={value}: {message}") from None
     if settings.allow_unsigned:
         log.warning(
-            f"{ENV_PREFIX}ALLOW_UNSIGNED=true: unsigned messages are accepted, so any host that "
-            "reaches the broker can speak for any worker"
+            f"{ENV_PREFIX}ALLOW_UNSIGNED=true: unsigned messages are accepted, and reporters "
+            "accept unsigned answers, so any host that reaches the broker can speak for any "
+            "worker, and for the control plane"
         )
     return settings

@@ -114,27 +114,32 @@ def _quietly(action, task_id) -> None:
         )
 
 
-# Any other arguments than one envelope make a malformed envelope: rejected and dead-lettered.
+# A task takes exactly its arguments: a call with any others is dead-lettered, not a TypeError.
 @app.task(name=HEARTBEAT_TASK, base=HeartbeatTask, **RETRY)
-def record_heartbeat(envelope=None, *_args, **_kwargs):
-    from gcworker.handoff import stamp_heartbeat
+def record_heartbeat(*args, **kwargs):
+    from gcworker.handoff import publish_snapshot
 
-    result = pipeline.receive(control_plane(), envelope, task="heartbeat")
+    plane = control_plane()
+    if pipeline.rejected_call(plane, "heartbeat", args, kwargs, takes=1):
+        return
+    result = pipeline.receive(plane, args[0], task="heartbeat")
     if isinstance(result, HeartbeatResult) and result.outcome is not HeartbeatOutcome.REJECTED:
-        # Answered with a signed stamp: the worker's next reports carry a date (rule 4).
-        stamp_heartbeat(control_plane().db, board(), result.worker, result.seq)
+        # Answered like a report: the worker's next reports carry a date (rule 4) at once.
+        publish_snapshot(plane.db, board(), result.worker, result.seq)
 
 
 @app.task(name=REPORT_TASK, **RETRY)
-def reconcile_report(envelope=None, *_args, **_kwargs):
+def reconcile_report(*args, **kwargs):
     from gcworker.handoff import ReportHandoff
 
     plane = control_plane()
+    if pipeline.rejected_call(plane, "report", args, kwargs, takes=1):
+        return
     # The key is read with the worker's head while the message is validated; the stored
     # snapshot is refreshed from that head while the report is applied; only a report that
     # changed something costs more (`gcworker.handoff.ReportHandoff`).
     handoff = ReportHandoff(plane.db, board(), key_reader())
-    result = pipeline.receive(plane, envelope, task="report", hooks=handoff)
+    result = pipeline.receive(plane, args[0], task="report", hooks=handoff)
     if isinstance(result, ReportResult):
         if result.outcome is ReportOutcome.FULL_REPORT_NEEDED:
             board().want_full_report(result.worker)
@@ -143,5 +148,7 @@ def reconcile_report(envelope=None, *_args, **_kwargs):
 
 # A collection needs no redelivery: beat sends the next trigger one interval later.
 @app.task(name=COLLECT_TASK, acks_late=False)
-def run_collection():
-    pipeline.run_collection(control_plane(), self_check=self_check())
+def run_collection(*args, **kwargs):
+    plane = control_plane()
+    if not pipeline.rejected_call(plane, "collect", args, kwargs, takes=0):
+        pipeline.run_collection(plane, self_check=self_check())

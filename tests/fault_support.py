@@ -181,13 +181,28 @@ class PrivatePostgres:
 def start_pausing_collector(
     database_url: str, reached: Path, lock: Path, nth: int, log_path: Path, **settings
 ) -> subprocess.Popen:
+    return _start(
+        ["-m", "tests.fault_support", "pause-collection"]
+        + [database_url, str(reached), str(lock), str(nth)],
+        log_path,
+        settings,
+    )
+
+
+def start_collector(database_url: str, log_path: Path, **settings) -> subprocess.Popen:
+    """`gcworker collect` in a process of its own."""
+    return _start(
+        ["-m", "gcworker.cli", "collect"], log_path, dict(settings, database_url=database_url)
+    )
+
+
+def _start(args: list[str], log_path: Path, settings: dict) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GCWORKER_")}
     for name, value in settings.items():
         env[f"GCWORKER_{name.upper()}"] = str(value)
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.fault_support", "pause-collection"]
-            + [database_url, str(reached), str(lock), str(nth)],
+            [sys.executable, *args],
             cwd=ROOT,
             env=env,
             stdout=log,

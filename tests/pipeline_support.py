@@ -54,19 +54,19 @@ def wait_until_blocked_by(engine, blocker_pid: int, *, what: str, details=None) 
     """Wait until some session waits on a lock held by the session `blocker_pid`."""
     from sqlalchemy import text
 
-    with engine.connect() as probe:
-        wait_for(
-            lambda: probe.execute(
+    def blocked() -> int:
+        # Each look in a transaction of its own: a transaction sees pg_stat_activity as it was
+        # at its first look.
+        with engine.connect() as probe:
+            return probe.execute(
                 text(
                     "SELECT count(*) FROM pg_stat_activity "
                     "WHERE :blocker = ANY(pg_blocking_pids(pid))"
                 ),
                 {"blocker": blocker_pid},
-            ).scalar_one(),
-            timeout=20,
-            what=what,
-            details=details,
-        )
+            ).scalar_one()
+
+    wait_for(blocked, timeout=20, what=what, details=details)
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from gcworker.db.tables import audit_events
-from gcworker.reconcile import DESTROYED_REASON, UNKNOWN_REASON
+from gcworker.reconcile import REASONS
 from tests.conftest import created, recorded_statements, states
 
 
@@ -31,8 +31,8 @@ def test_audit_unknown_handles_recorded_as_destroying_rule8(plane, db, make_work
     w.report(containers=["u1", "u2", "theirs"], volumes=["uv"])
 
     assert audit_rows(db) == [
-        ("reconciler", "record_unknown", "container", "w1", UNKNOWN_REASON, ["u1", "u2"]),
-        ("reconciler", "record_unknown", "volume", "w1", UNKNOWN_REASON, ["uv"]),
+        ("reconciler", "record_unknown", "container", "w1", REASONS["unknown"], ["u1", "u2"]),
+        ("reconciler", "record_unknown", "volume", "w1", REASONS["unknown"], ["uv"]),
     ]  # "theirs" belongs to w2: no row was recorded for it, so none is audited
 
 
@@ -48,8 +48,8 @@ def test_audit_destroying_rows_confirmed_destroyed_rule9(plane, db, make_worker)
 
     assert states(plane) == {} and states(plane, "volume") == {}
     assert audit_rows(db) == [
-        ("reconciler", "delete", "container", "w1", DESTROYED_REASON, ["c1", "c2"]),
-        ("reconciler", "delete", "volume", "w1", DESTROYED_REASON, ["v1"]),
+        ("reconciler", "delete", "container", "w1", REASONS["destroyed"], ["c1", "c2"]),
+        ("reconciler", "delete", "volume", "w1", REASONS["destroyed"], ["v1"]),
     ]
 
 

@@ -65,6 +65,12 @@ def test_bench_quick_writes_every_figure_and_drops_its_schema(tmp_path, pg_admin
         assert set(collector[run]) >= {"total_ms", "longest_statement_ms", "statements"}
         assert collector[run]["rows_deleted"] == collector["rows"]
     assert collector["gcworker"]["audited_deletions"] == collector["rows"]
+    stale = figures["stale_statistics"]
+    assert set(stale["batches"]) == {"100", "1000"}
+    for runs in stale["batches"].values():
+        for run in ("stale", "analyzed"):
+            assert runs[run]["rows_deleted"] == stale["rows"] > 0
+            assert runs[run]["longest_statement_ms"] > 0
     assert figures["rss"]["peak_rss_mb"] > 0
     assert figures["pipeline"]["measured"] is False
     assert {
@@ -74,6 +80,8 @@ def test_bench_quick_writes_every_figure_and_drops_its_schema(tmp_path, pg_admin
         "mass_loss_vs_pair_h50000",
         "collector_longest_statement",
         "collector_total_vs_unbatched",
+        "collector_stale_statistics_b100",
+        "collector_stale_statistics_b1000",
         "reconciler_rss",
     } <= set(figures["targets"])
     schema = figures["database"]["scratch_schema"]

@@ -43,7 +43,13 @@ from gcworker.gc.collection import collect
 from gcworker.messages import Heartbeat, Report
 from gcworker.runtimes.dir import DirRuntime
 from gcworker.settings import load_settings
-from tests.fault_support import ROOT, PrivatePostgres, PrivateRedis, start_pausing_collector
+from tests.fault_support import (
+    ROOT,
+    PrivatePostgres,
+    PrivateRedis,
+    start_collector,
+    start_pausing_collector,
+)
 from tests.pipeline_support import Pipeline, wait_for, wait_until_blocked_by
 
 
@@ -396,20 +402,12 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
     settings = load_settings(database_url=database_url, **overrides)
     plane = ControlPlane(settings, db)
     seq = iter(range(1, 100))
+
     plane.apply(Heartbeat(worker="w1", incarnation=1, seq=next(seq), ttl_seconds=3600))
     handles = [f"c{i}" for i in range(9)]
     for handle in [*handles, "kept"]:
         create_on(plane, "w1", "container", handle)
-    plane.apply(
-        Report(
-            worker="w1",
-            incarnation=1,
-            seq=next(seq),
-            containers=["kept"],
-            volumes=[],
-            after=plane.now(),
-        )
-    )
+    report_kept(plane, next(seq))
     missing_since = min(c["missing_since"] for c in plane.containers() if c["handle"] != "kept")
     wait_for(
         lambda: _db_now(db) >= missing_since + timedelta(seconds=1.05),
@@ -417,16 +415,7 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
         what="the grace period to pass",
         interval=0.02,
     )
-    plane.apply(
-        Report(
-            worker="w1",
-            incarnation=1,
-            seq=next(seq),
-            containers=["kept"],
-            volumes=[],
-            after=plane.now(),
-        )
-    )
+    report_kept(plane, next(seq))
 
     reached, lock = tmp_path / "reached", tmp_path / "pause.lock"
     lock.touch()
@@ -465,6 +454,87 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
     assert summary.outcome == "completed" and summary.counts == {"containers deleted": 6}
     assert {c["handle"] for c in plane.containers()} == {"kept"}
     assert sorted(e["subject"] for e in audit(plane, "delete")) == handles  # each exactly once
+
+
+# A collector stopped (or hung) mid-collection -----------------------------------------------
+
+
+@pytest.mark.backends("postgresql")
+@pytest.mark.timeout(180)
+def test_a_collector_stopped_mid_collection_loses_the_fence_within_a_few_gc_intervals(
+    database_url, db, tmp_path
+):
+    """A `gcworker collect` SIGSTOPped inside a batch (holding the fence and its worker's lock)
+    is cut off by the server within a few GC intervals (its session's timeouts), not when TCP
+    gives up (hours): another collector then takes the fence and collects; the stopped one,
+    continued, writes nothing (its session, and the fence with it, are gone)."""
+    overrides = {
+        "missing_grace_period": "1s",
+        "report_interval": "0.5s",
+        "gc_interval": "1s",
+        "delete_batch_size": 3,
+    }
+    settings = load_settings(database_url=database_url, **overrides)
+    plane = ControlPlane(settings, db)
+    seq = iter(range(1, 100))
+    plane.apply(Heartbeat(worker="w1", incarnation=1, seq=next(seq), ttl_seconds=3600))
+    handles = [f"c{i}" for i in range(9)]
+    for handle in [*handles, "kept"]:
+        create_on(plane, "w1", "container", handle)
+    report_kept(plane, next(seq))
+    missing_since = min(c["missing_since"] for c in plane.containers() if c["handle"] != "kept")
+    wait_for(
+        lambda: _db_now(db) >= missing_since + timedelta(seconds=1.05),
+        timeout=5,
+        what="the grace period to pass",
+        interval=0.02,
+    )
+    report_kept(plane, next(seq))
+
+    log_path = tmp_path / "collector.log"
+    with db.engine.connect() as holder:
+        # Hold w1 as a report does, so that the collector stops inside its first batch.
+        holder.begin()
+        holder.execute(text("SELECT 1 FROM workers WHERE name = 'w1' FOR UPDATE"))
+        pid = holder.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        child = start_collector(database_url, log_path, **overrides)
+        try:
+            wait_until_blocked_by(
+                db.engine, pid, what="the collector to wait for w1", details=log_path.read_text
+            )
+            os.kill(child.pid, signal.SIGSTOP)
+            holder.rollback()  # the stopped collector now holds w1, inside its batch
+            assert plane.collect().outcome == "skipped", "the stopped collector holds the fence"
+
+            # Generous: the server ends the stopped collector's session within a few seconds.
+            summary = wait_for(
+                lambda: (s := plane.collect()).outcome == "completed" and s,
+                timeout=90,
+                what="another collection to take the fence",
+                interval=0.5,
+            )
+            assert summary.counts == {"containers deleted": 9}
+
+            os.kill(child.pid, signal.SIGCONT)
+            assert child.wait(timeout=60) != 0, log_path.read_text()
+        finally:
+            if child.poll() is None:
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait(timeout=10)
+
+    assert {c["handle"] for c in plane.containers()} == {"kept"}
+    # Each deletion made and audited once, by the collection that held the fence.
+    assert sorted(e["subject"] for e in audit(plane, "delete")) == handles
+    assert _counts(db) == (1, 9)
+
+
+def report_kept(plane: ControlPlane, seq: int) -> None:
+    """w1 reports "kept" alone, dated as a reporter dates it (rule 4)."""
+    plane.apply(
+        Report(
+            worker="w1", incarnation=1, seq=seq, containers=["kept"], volumes=[], after=plane.now()
+        )
+    )
 
 
 def _db_now(db: Database) -> datetime:

@@ -413,7 +413,7 @@ def test_invalid_messages_are_logged_and_dropped_never_redelivered(pipeline, pla
     assert reasons == [
         "malformed JSON",
         "malformed envelope",
-        "malformed envelope",
+        "malformed task call",
         "unsigned message (set GCWORKER_ALLOW_UNSIGNED=true to accept them)",
     ], reasons
     assert plane.workers() == []

@@ -186,3 +186,23 @@ def test_volumes_a_child_needs_a_created_parent_on_the_same_worker(plane, make_w
         plane.scheduler.create_volume("w1", "child", parent="elsewhere")
 
     assert "child" not in states(plane, "volume")
+
+
+def test_volumes_an_orphaned_parent_costs_its_worker_no_fast_path_at_collections(
+    plane, make_worker
+):
+    """An orphaned parent with a child stays where it is: the collector that would move it
+    locks (and so marks as changed) no worker for it, and the worker's next steady report still
+    takes the fast path."""
+    w = make_worker()
+    created(plane, "w1", "c1")
+    volume(plane, "w1", "owned", container="c1")
+    volume(plane, "w1", "child", parent="owned")
+    plane.scheduler.destroy_container("c1")
+    w.report(volumes=["owned", "child"])  # c1 confirmed destroyed: "owned" is orphaned
+
+    plane.collect()
+    plane.collect()
+
+    assert w.report(volumes=["owned", "child"]).fast_path
+    assert states(plane, "volume") == {"owned": ("created", False), "child": ("created", False)}

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -23,7 +24,7 @@ from gcworker.reporter import Reporter
 from gcworker.runtimes import RuntimeError_
 from gcworker.runtimes.dir import DirRuntime
 from gcworker.signing import generate_private_key, public_key_text, sign, write_private_key
-from tests.conftest import states
+from tests.conftest import created, states
 from tests.pipeline_support import GCWORKER, Pipeline, wait_for
 
 INCARNATION = 7
@@ -71,24 +72,29 @@ def test_rule4_late_undated_reports_of_a_real_reporter_never_delete_a_live_conta
 
 
 @pytest.mark.backends("postgresql")
-def test_rule4_a_reporter_gets_a_date_from_the_answer_to_its_first_heartbeat(
-    database_url, db, tmp_path
-):
-    pipe = Pipeline(database_url, tmp_path, report_interval="0.5s", heartbeat_interval="0.5s")
+def test_rule4_the_answer_to_a_first_heartbeat_dates_the_first_report(database_url, db, tmp_path):
+    pipe = Pipeline(database_url, tmp_path)
     plane = ControlPlane(pipe.settings, db)
     runtime = DirRuntime(str(tmp_path / "runtime")).declare_empty()
+    channel = BrokerChannel(pipe.settings)
+    reporter = Reporter("w1", runtime, channel, heartbeat_interval=30, report_interval=30)
+    stamp_key = f"{pipe.namespace}:destroying:{{w1}}:stamp"
     try:
         pipe.start_reconciler("r1")
-        pipe.start_reporter("w1", runtime.root)
+        reporter.heartbeat()
+        wait_for(lambda: pipe.redis.exists(stamp_key), timeout=30, what="the heartbeat's answer")
+        assert reporter.report()
 
-        def confirmed_at():
+        def applied():
             row = next((w for w in plane.workers() if w["name"] == "w1"), None)
-            return row and row["last_report_at"]  # moved only by a dated report (rule 4)
+            return row if row and row["last_report_seq"] == reporter._last_seq else None
 
-        when = wait_for(confirmed_at, timeout=30, what="a dated report", details=pipe.logs)
+        row = wait_for(applied, timeout=30, what="the first report applied", details=pipe.logs)
     finally:
+        channel.close()
         pipe.close()
-    assert when <= plane.now()
+    assert row["last_report_at"] is not None  # moved only by a dated report (rule 4)
+    assert row["last_report_at"] <= plane.now()
 
 
 # Rule 15: answers written into Redis by anyone ------------------------------------------------
@@ -177,11 +183,14 @@ def test_rule15_answers_signed_with_another_key_remove_nothing(host):
 def test_rule15_a_genuine_current_answer_removes_the_handle_and_dates_the_reports(host):
     host.reporter.heartbeat()
     answer(host.genuine, host.reporter._last_seq, "c1", "c-not-held")
+    assert host.reporter.report()  # the answer predates every listing: nothing removed yet
+    assert host.held() == ["c1"]
+    assert host.last_report()["after"]  # dated from the stamp, read before the listing
 
-    assert host.reporter.report()  # reads the answer after the report: removes c1
+    answer(host.genuine, host.reporter._last_seq, "c1", "c-not-held")  # answers that report
+    assert host.reporter.report()
+
     assert host.held() == []
-    host.reporter.report()
-    assert host.last_report()["after"]  # dated from the stamp
 
 
 def test_rule15_a_signed_list_naming_paths_is_refused_whole(host):
@@ -225,14 +234,60 @@ def test_rule15_a_genuine_answer_that_is_not_current_removes_nothing(host, case)
             value = host.pipe.redis.get(f"elsewhere:destroying:{{w9}}:{name}")
             host.pipe.redis.set(f"{host.pipe.namespace}:destroying:{{w3}}:{name}", value)
         host.pipe.redis.delete(*host.pipe.redis.keys("elsewhere:*"))
-    else:  # a current stamp, but the list was read at another generation
+    else:  # a current stamp, and a genuine list read at another generation (replayed)
         answer(host.genuine, seq, "c1")
-        head = Head("w3", int(time.time() * 1e6) + 1000, 6, INCARNATION)
-        host.genuine.stamp(head, seq)
+        stamp = Head("w3", int(time.time() * 1e6) + 1000, 6, INCARNATION).stamp(seq)
+        sealed = seal(stamp, host.pipe.control_plane_key)
+        host.pipe.redis.set(f"{host.pipe.namespace}:destroying:{{w3}}:stamp", sealed)
 
     host.reporter.report()
 
     assert host.held() == ["c1"]
+
+
+def test_rule15_a_replayed_genuine_answer_never_removes_a_new_container_of_a_reused_handle(host):
+    """From the hostile review: anyone who can write to Redis keeps a genuine stamp and destroy
+    list naming c1 while c1 is destroying, and writes them back after c1 was removed, its row
+    deleted and a new c1 made (same worker, same incarnation, within answer_max_age)."""
+    base = f"{host.pipe.namespace}:destroying:{{w3}}"
+    host.reporter.heartbeat()
+    host.reporter.report()
+    answer(host.genuine, host.reporter._last_seq, "c1")  # genuine: c1 is destroying
+    captured = {k: host.pipe.redis.get(f"{base}:{k}") for k in ("stamp", "list")}
+    host.reporter.report()  # the answer covers a listing that held c1: removed
+    assert host.held() == []
+
+    answer(host.genuine, host.reporter._last_seq)  # genuine, newer: nothing to destroy
+    host.reporter.report()
+    host.runtime.create("container", "c1")  # c1's row deleted, a new c1 made: a reused handle
+    host.reporter.report()
+    for key, value in captured.items():  # the replay
+        host.pipe.redis.set(f"{base}:{key}", value)
+    host.reporter.report()
+    host.reporter.report()
+
+    assert host.held() == ["c1"]
+
+
+def test_rule4_a_first_report_is_never_dated_after_its_listing(host):
+    """From the hostile review: the answer to the first heartbeat lands while the runtime is
+    being listed; the report built from that listing must not carry that answer's time."""
+    listed_at: list[int] = []
+    board = host.genuine
+
+    class SlowListing(DirRuntime):
+        def inventory(self):
+            inventory = super().inventory()
+            listed_at.append(int(time.time() * 1e6))
+            answer(board, host.reporter._last_seq, version=listed_at[0] + 1)
+            return inventory
+
+    host.reporter.runtime = SlowListing(str(host.runtime.root))
+    host.reporter.heartbeat()
+
+    assert host.reporter.report()
+
+    assert "after" not in host.last_report()
 
 
 def test_rule15_a_replayed_stamp_of_a_message_sent_long_ago_is_stale(tmp_path):
@@ -254,7 +309,6 @@ def test_rule15_the_dir_runtime_refuses_names_that_leave_its_root(tmp_path):
     runtime = DirRuntime(str(tmp_path / "runtime")).declare_empty()
     victim = tmp_path / "victim"
     victim.mkdir()
-    (runtime.root / "containers").mkdir()
     (runtime.root / "containers" / "link").symlink_to(victim)
     for name in ("../../victim", str(victim), "..", "link"):
         with pytest.raises(RuntimeError_):
@@ -302,7 +356,9 @@ def embedded_plane(tmp_path):
     db.dispose()
 
 
-@pytest.mark.parametrize("root", ["missing", "file", "empty mount point"])
+@pytest.mark.parametrize(
+    "root", ["missing", "file", "empty mount point", "containers gone", "containers unmounted"]
+)
 def test_fail_closed_a_runtime_root_that_cannot_be_trusted_sends_no_report(
     tmp_path, embedded_plane, root
 ):
@@ -311,6 +367,11 @@ def test_fail_closed_a_runtime_root_that_cannot_be_trusted_sends_no_report(
         path.write_text("")
     elif root == "empty mount point":
         path.mkdir()
+    elif root != "missing":
+        DirRuntime(str(path)).create("volume", "v1")
+        shutil.rmtree(path / "containers")
+        if root == "containers unmounted":  # the mount point is there, empty: no marker
+            (path / "containers").mkdir()
     embedded_plane.scheduler  # noqa: B018 - the plane exists: a report would reach it
     result = run_reporter(tmp_path, f"dir:{path}", key_file=tmp_path / "w1.key")
 
@@ -372,3 +433,45 @@ def test_fail_closed_a_failing_removal_is_logged_and_tried_again(plane, tmp_path
     assert runtime.inventory().containers == ["stray"]
     assert reporter.report()  # tried again
     assert runtime.inventory().containers == []
+
+
+def test_fail_closed_a_containers_folder_gone_for_a_while_loses_nothing(plane, advance, tmp_path):
+    """From the hostile review: `containers/` renamed away (or its disk not mounted) while
+    `volumes/` is there: no report at all, so nothing is marked, deleted, or later removed."""
+    from gcworker.delivery import InProcessChannel
+
+    runtime = DirRuntime(str(tmp_path / "runtime"))
+    runtime.create("volume", "v1")
+    key = generate_private_key()
+    plane.register_key("w1", public_key_text(key))
+    reporter = Reporter(
+        "w1",
+        runtime,
+        InProcessChannel(plane, private_key=key),
+        heartbeat_interval=30,
+        report_interval=30,
+    )
+    reporter.heartbeat()
+    created(plane, "w1", "c1")
+    created(plane, "w1", "v1", kind="volume")
+    runtime.create("container", "c1")
+    (runtime.root / "containers" / "c1" / "data").write_text("precious")
+    reporter.report()
+    assert states(plane) == {"c1": ("created", False)}
+
+    folder = runtime.root / "containers"
+    folder.rename(runtime.root / "elsewhere")
+    folder.mkdir()  # what an unmounted disk's mount point looks like
+    for _ in range(3):
+        advance(minutes=6)
+        reporter.heartbeat()
+        assert not reporter.report()
+    plane.collect()
+    folder.rmdir()
+    (runtime.root / "elsewhere").rename(folder)
+    for _ in range(2):
+        reporter.heartbeat()
+        assert reporter.report()
+
+    assert (folder / "c1" / "data").is_file()
+    assert states(plane) == {"c1": ("created", False)}

@@ -160,6 +160,21 @@ def build_table(result):
                 _int(run.get("wal_bytes")),
             )
         table.add_section()
+    stale = result.stale_statistics
+    for batch, runs in stale.get("batches", {}).items():
+        for statistics, label in (("stale", "marked after ANALYZE"), ("analyzed", "then ANALYZE")):
+            run = runs[statistics]
+            table.add_row(
+                f"collector, {stale['workers']} workers' mass loss {label}, batches of "
+                f"{int(batch):,}: total (p95 col: longest statement)",
+                f"{stale['rows']:,}",
+                _ms(run["total_ms"]),
+                _ms(run["longest_statement_ms"]),
+                _int(run["statements"]),
+                _int(run["rows_deleted"]),
+            )
+    if stale:
+        table.add_section()
     if result.rss:
         rss = result.rss
         table.add_row(

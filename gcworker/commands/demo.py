@@ -34,8 +34,25 @@ EXIT_USAGE = 2
 @click.option("--seed", type=int, default=None, help="Seed for the scheduler's choices.")
 @click.option("--plain", is_flag=True, help="Plain lines instead of the live view.")
 @click.option("--keep", is_flag=True, help="Keep the temporary folder (database, runtimes).")
+@click.option(
+    "--runtime",
+    "runtime_spec",
+    default="dir",
+    show_default=True,
+    metavar="dir|docker[:URL]",
+    callback=lambda _ctx, _param, value: _check_runtime(value),
+    help="The workers' runtime: folders, or one Docker/Podman engine (default: DOCKER_HOST).",
+)
 @click.pass_obj
-def demo(obj, n_workers: int, duration: float, seed: int | None, plain: bool, keep: bool):
+def demo(
+    obj,
+    n_workers: int,
+    duration: float,
+    seed: int | None,
+    plain: bool,
+    keep: bool,
+    runtime_spec: str,
+):
     """Run a simulated fleet on short intervals, with trouble, and check the outcome.
 
     Everything stays in a temporary folder: its own SQLite database and one `dir` runtime per
@@ -45,6 +62,12 @@ def demo(obj, n_workers: int, duration: float, seed: int | None, plain: bool, ke
     one container is stuck in creating. At the end the database is compared with the workers'
     directories: exit 0 when they agree and no row was deleted while its handle still existed,
     1 otherwise.
+
+    With --runtime docker[:URL] the workers live on a real engine (Docker, or Podman's
+    service): one label gcworker.worker per simulated worker, a runtime restart removes that
+    worker's objects behind gcworker's back, and the verdict compares the database with the
+    engine. It imports a tiny image from a tarball it builds, creates containers (never started)
+    and volumes, and removes everything it made at the end, also on failure or Ctrl-C.
 
     With GCWORKER_BROKER_URL set, the same demo runs through Redis: it starts a Celery
     reconciler and Celery beat as child processes (stopped by their process ids at the end),
@@ -60,12 +83,20 @@ def demo(obj, n_workers: int, duration: float, seed: int | None, plain: bool, ke
     )
     if broker_url:
         _check_broker(broker_url)
-    config = DemoConfig(workers=n_workers, duration=duration, seed=seed, broker_url=broker_url)
+    config = DemoConfig(
+        workers=n_workers,
+        duration=duration,
+        seed=seed,
+        broker_url=broker_url,
+        runtime=runtime_spec,
+    )
     console = Console()
     live_view = console.is_terminal and not plain
     root = make_root()
     started = time.monotonic()
     mode = "through Redis and Celery" if broker_url else "embedded (SQLite, no servers)"
+    if runtime_spec != "dir":
+        mode += f", workers on {runtime_spec}"
     click.echo(f"gcworker demo: {n_workers} workers for {duration:g}s, {mode}, in {root}")
     try:
         if live_view:
@@ -87,6 +118,15 @@ def demo(obj, n_workers: int, duration: float, seed: int | None, plain: bool, ke
         f"demo finished in {time.monotonic() - started:.1f}s" + (f"; kept {root}" if keep else "")
     )
     sys.exit(0 if verdict.ok else EXIT_VERDICT_FAILED)
+
+
+def _check_runtime(spec: str) -> str:
+    kind, _, url = spec.partition(":")
+    if spec != "dir" and (kind != "docker" or "?" in url):
+        raise click.BadParameter(
+            f"{spec!r}: the demo runs on dir or docker[:URL] (it makes its own labels and image)"
+        )
+    return spec
 
 
 def _check_broker(url: str) -> None:

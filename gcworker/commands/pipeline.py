@@ -142,11 +142,8 @@ class MeteredRuntime:
         self.runtime.create(kind, handle)
 
     def destroy(self, kind: str, handle: str) -> None:
-        from gcworker import metrics
-
-        self.runtime.destroy(kind, handle)  # a failure is the reporter's to log and retry
-        metrics.REPORTER_REMOVED.labels(kind).inc()
-        log.info("removed", extra={"kind": kind, "handle": handle, "why": "destroying"})
+        """A removal: the reporter's sweeper, which is given the runtime itself, counts it."""
+        self.runtime.destroy(kind, handle)
 
 
 @click.command()
@@ -156,7 +153,7 @@ class MeteredRuntime:
     "runtime_spec",
     required=True,
     metavar="KIND:ARG",
-    help="Where the inventory comes from, e.g. dir:/var/lib/worker.",
+    help="Where the inventory comes from: dir:PATH, or docker[:URL][?worker=NAME] (Docker/Podman).",
 )
 @click.option("--ephemeral", is_flag=True, help="The worker's rows die with it (no stalling).")
 @click.option(
@@ -193,6 +190,7 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, once_timeout, metrics_p
     from gcworker.reporter import Reporter
     from gcworker.runtimes import load_runtime
     from gcworker.settings import parse_duration
+    from gcworker.sweeper import Sweeper
 
     if key_file is not None:
         obj.overrides["key_file"] = key_file
@@ -203,7 +201,14 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, once_timeout, metrics_p
         once_timeout = parse_duration(once_timeout).total_seconds()
     except ValueError as error:
         _fail(f"--once-timeout: {error}", 2)
-    runtime = MeteredRuntime(load_runtime(runtime_spec))
+    engine = load_runtime(runtime_spec)
+    runtime = MeteredRuntime(engine)
+    sweeper = Sweeper(
+        engine,
+        containers_in_flight=settings.sweep_containers_in_flight,
+        volumes_in_flight=settings.sweep_volumes_in_flight,
+        timeout=settings.destroy_timeout,
+    )
     stop = _stop_on_signals()
     if metrics_port:
         from gcworker import metrics
@@ -217,6 +222,7 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, once_timeout, metrics_p
         heartbeat_interval=settings.heartbeat_interval.total_seconds(),
         report_interval=settings.report_interval.total_seconds(),
         ephemeral=ephemeral,
+        sweeper=sweeper,
     )
     log.info(
         "reporter started",
@@ -232,6 +238,7 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, once_timeout, metrics_p
         if once:
             _finish_once(agent, sent, stop, once_timeout)
     finally:
+        sweeper.close()
         channel.close()
     log.info("reporter stopped", extra={"worker": worker})
 

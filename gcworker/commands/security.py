@@ -15,6 +15,12 @@ def keys():
     """Workers' Ed25519 signing keys: the control plane holds only the public halves."""
 
 
+def _out_option(help_text: str):
+    return click.option(
+        "--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help=help_text
+    )
+
+
 def _write_new_key(out: Path) -> str:
     """Write a new private key to `out` (readable by its owner alone, never over a file);
     returns its public half."""
@@ -25,12 +31,7 @@ def _write_new_key(out: Path) -> str:
 
 @keys.command("generate")
 @click.argument("worker")
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Where to write the private key (created readable by its owner alone).",
-)
+@_out_option("Where to write the private key (created readable by its owner alone).")
 @click.option(
     "--public-out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -82,12 +83,7 @@ def keys_register(obj, worker: str, public_key_file, replace: bool):
 
 
 @keys.command("generate-control-plane")
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Where to write the control plane's private key (readable by its owner alone).",
-)
+@_out_option("Where to write the control plane's private key (readable by its owner alone).")
 def keys_generate_control_plane(out: Path):
     """Make the control plane's key pair: reconcilers sign their answers to workers with the
     private key (GCWORKER_CONTROL_PLANE_KEY_FILE=FILE), reporters verify them with the public

@@ -37,6 +37,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.sql.elements import ColumnElement
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+PG_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
 
 
 def create_database_engine(url: str) -> Engine:
@@ -51,7 +57,10 @@ def create_database_engine(url: str) -> Engine:
     if parsed.drivername == "postgresql":
         # SQLAlchemy 2.1 picks psycopg 3 for a bare postgresql://; the stack is psycopg2.
         parsed = parsed.set(drivername="postgresql+psycopg2")
-    return create_engine(parsed, pool_pre_ping=True)
+    # A server (or the network to it) gone silent fails a statement within a minute or so,
+    # instead of hanging until TCP gives up (hours); the URL's own values win.
+    keepalives = {k: v for k, v in PG_KEEPALIVES.items() if k not in parsed.query}
+    return create_engine(parsed, pool_pre_ping=True, connect_args=keepalives)
 
 
 def _make_sqlite_transactions_immediate(engine: Engine) -> None:

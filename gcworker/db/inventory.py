@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
+    any_,
     bindparam,
     cast,
     column,
@@ -29,6 +30,7 @@ from sqlalchemy import (
     select,
     text,
     true,
+    union,
     union_all,
     update,
 )
@@ -285,26 +287,51 @@ class InventoryRepository:
 
     # Collector statements ----------------------------------------------------------------
 
+    def stuck_workers(self, conn: Connection, cutoff: datetime) -> list[str]:
+        """The workers of the rows that rule 10 moves (creating since `cutoff` or earlier, or
+        failed and free to go), read without a lock: the collector locks these workers before
+        their rows, in the order of every writer of a worker's rows (`lock_workers`). A row
+        that cannot move (a parent volume with children) names no worker: locking one bumps
+        its generation, which would cost it its next fast path at every collection."""
+        t = self.table
+        creating = select(t.c.worker_name).where(
+            _in_state(t, "creating"), t.c.state_changed_at <= cutoff
+        )
+        failed = select(t.c.worker_name).where(_in_state(t, "failed"), *self._may_destroy())
+        return sorted(conn.execute(union(creating, failed)).scalars())
+
     def fail_stuck_creating(
-        self, conn: Connection, cutoff: datetime, now: datetime
+        self, conn: Connection, names: list[str], cutoff: datetime, now: datetime
     ) -> list[tuple[str, str]]:
-        """Rule 10, first half: a creating row older than the creating-timeout becomes failed
-        (read from `ix_<kind>_creating`: the few rows in creating)."""
+        """Rule 10, first half: a creating row of the (locked) workers `names` older than the
+        creating-timeout becomes failed (read from `ix_<kind>_creating`: the few rows in
+        creating)."""
         t = self.table
         result = conn.execute(
             update(t)
-            .where(_in_state(t, "creating"), t.c.state_changed_at <= cutoff)
+            .where(
+                _in_state(t, "creating"),
+                t.c.state_changed_at <= cutoff,
+                self.db.member_of(t.c.worker_name, names),
+            )
             .values(state="failed", state_changed_at=now)
             .returning(t.c.handle, t.c.worker_name)
         )
         return sorted(result.all())
 
-    def destroy_failed(self, conn: Connection, now: datetime) -> list[tuple[str, str]]:
-        """Rule 10, second half: a failed row goes to destroying (from `ix_<kind>_failed`)."""
+    def destroy_failed(
+        self, conn: Connection, names: list[str], now: datetime
+    ) -> list[tuple[str, str]]:
+        """Rule 10, second half: a failed row of the (locked) workers `names` goes to
+        destroying (from `ix_<kind>_failed`)."""
         t = self.table
         result = conn.execute(
             update(t)
-            .where(_in_state(t, "failed"), *self._may_destroy())
+            .where(
+                _in_state(t, "failed"),
+                self.db.member_of(t.c.worker_name, names),
+                *self._may_destroy(),
+            )
             .values(state="destroying", state_changed_at=now)
             .returning(t.c.handle, t.c.worker_name)
         )
@@ -421,7 +448,15 @@ class InventoryRepository:
         (a range of `ix_<kind>_worker_missing_since` per worker), whatever the batch holds:
         whole workers' candidates (one worker: "worker"; several: "workers"); the oldest
         `p_limit` of one worker's ("oldest"); or (over the cap) ids ("ids"). The values are
-        parameters (`_missing_params`)."""
+        parameters (`_missing_params`).
+
+        "oldest" reads the batch's ids first, once, from the worker's index range (an InitPlan:
+        `ARRAY(SELECT ... LIMIT)`), and deletes by primary key alone. A join of the rows to
+        that subquery (or the same conditions beside the ids) let a planner with stale
+        statistics (marks made since the last ANALYZE: the range looks empty) scan the whole
+        range once per id, or per row: a nested loop quadratic in the worker's marks. The ids
+        are read after the batch's worker lock, which every writer of a worker's rows takes
+        first, so they still qualify when deleted."""
         t = self.table
         if shape == "ids":
             return (self.db.member_of_parameter(t.c.id, "p_ids"), *self._by_worker_cutoffs())
@@ -439,7 +474,7 @@ class InventoryRepository:
             .order_by(inner.c.missing_since, inner.c.id)
             .limit(bindparam("p_limit", type_=Integer))
         )
-        return (t.c.id.in_(oldest), *mine)
+        return (t.c.id == any_(func.array(oldest.scalar_subquery())),)
 
     def _missing_params(
         self, shape: str, deletions: list[Deletion], cutoffs: dict[str, datetime]
@@ -631,21 +666,23 @@ def oldest_deletable(
     return _grouped_ids(conn, repos[0].db, oldest)
 
 
-def lock_deleting_workers(
+def lock_workers(
     conn: Connection, db: Database, names: Iterable[str], *, commit_without_waiting: bool
 ) -> tuple[dict[str, tuple[str, datetime | None]], datetime]:
-    """Rule 4's batch step: lock the workers whose rows a batch deletes (in name order, as
-    every lock of several workers is taken), so that no report of theirs interleaves with the
-    deletion, bump their generation (their rows are about to change: their next report takes
-    the full diff, and the reconciler's known rows are read afresh; a worker whose batch then
-    deletes nothing only loses its next fast path), and read their state and last report as
-    they are under the lock, with the control plane's time, in one statement on PostgreSQL:
-    {name: (state, last_report_at)}, now. With `commit_without_waiting` the same statement
-    makes the commit not wait for the disk (a batch lost in a server crash is a deletion not
-    made yet: the next collection makes it)."""
+    """A collector's step, before it changes any row of the workers `names`: lock them (in
+    name order, as every lock of several workers is taken), so that no report or scheduler
+    change of theirs interleaves, and in the order every writer of a worker's rows takes its
+    locks (the worker, then its rows: any other order closes a lock cycle with them); bump their
+    generation (their rows are about to change: their next report takes the full diff, and the
+    reconciler's known rows are read afresh; a worker whose rows then do not change only loses
+    its next fast path); and read their state and last report as they are under the lock, with
+    the control plane's time, in one statement on PostgreSQL: {name: (state, last_report_at)},
+    now. With `commit_without_waiting` the same statement makes the commit not wait for the
+    disk (for rule 4's batches: a batch lost in a server crash is a deletion not made yet, the
+    next collection makes it)."""
     names = sorted(set(names))
     postgresql_ = db.is_postgresql
-    statement = _lock_deleting_statement(db, postgresql_ and commit_without_waiting)
+    statement = _lock_workers_statement(db, postgresql_ and commit_without_waiting)
     rows = conn.execute(statement, {"p_names": db.values_parameter(names)}).all()
     if postgresql_ and rows:
         now = db.clock(rows[0].clock_now)
@@ -656,8 +693,8 @@ def lock_deleting_workers(
     return {row.name: (row.state, row.last_report_at) for row in rows}, now
 
 
-def _lock_deleting_statement(db: Database, relaxed: bool):
-    """The statement of `lock_deleting_workers`, built once per backend: the workers are
+def _lock_workers_statement(db: Database, relaxed: bool):
+    """The statement of `lock_workers`, built once per backend: the workers are
     locked by the subquery, in name order, before the UPDATE writes any of them; RETURNING
     reads each row after its lock, as it is then (and the clock after the lock)."""
 
@@ -681,7 +718,7 @@ def _lock_deleting_statement(db: Database, relaxed: bool):
             .returning(*columns)
         )
 
-    return _built_once(("lock deleting", db.dialect, relaxed), build)
+    return _built_once(("lock workers", db.dialect, relaxed), build)
 
 
 def _grouped_ids(conn: Connection, db: Database, rows) -> list[tuple[str, str, list[int]]]:
@@ -737,12 +774,25 @@ class VolumeRepository(InventoryRepository):
         child = volumes.alias("child")
         return (~select(child.c.id).where(child.c.parent_id == volumes.c.id).exists(),)
 
-    def destroy_orphaned(self, conn: Connection, now: datetime) -> list[tuple[str, str]]:
-        """A volume made for a container whose row is gone goes to destroying (read from
-        `ix_volumes_orphaned`, whose condition this is, word for word)."""
+    def orphaned_workers(self, conn: Connection) -> list[str]:
+        """The workers of the orphaned volumes free to go, read without a lock (see
+        `stuck_workers`)."""
+        query = select(volumes.c.worker_name).where(text(ORPHANED), *self._may_destroy()).distinct()
+        return sorted(conn.execute(query).scalars())
+
+    def destroy_orphaned(
+        self, conn: Connection, names: list[str], now: datetime
+    ) -> list[tuple[str, str]]:
+        """A volume of the (locked) workers `names` made for a container whose row is gone goes
+        to destroying (read from `ix_volumes_orphaned`, whose condition this is, word for
+        word)."""
         result = conn.execute(
             update(volumes)
-            .where(text(ORPHANED), *self._may_destroy())
+            .where(
+                text(ORPHANED),
+                self.db.member_of(volumes.c.worker_name, names),
+                *self._may_destroy(),
+            )
             .values(state="destroying", state_changed_at=now, missing_since=None)
             .returning(volumes.c.handle, volumes.c.worker_name)
         )

@@ -11,6 +11,7 @@ from gcworker.db.tables import dead_letters, worker_keys
 from gcworker.errors import Conflict, NotFound
 
 EXCERPT_CHARS = 512
+REASON_CHARS = 1024
 
 
 class KeyRepository:
@@ -71,13 +72,14 @@ class DeadLetterRepository:
         payload: str,
         keep: int,
     ) -> None:
-        """Keep a rejected message's reason and an excerpt; only the newest `keep` are kept."""
+        """Keep a rejected message's reason and an excerpt; only the newest `keep` are kept.
+        What a hostile message says is stored bounded, and as text the database takes."""
         conn.execute(
             dead_letters.insert().values(
                 at=now,
-                worker_name=worker,
-                reason=reason,
-                excerpt=payload[:EXCERPT_CHARS],
+                worker_name=storable(worker, dead_letters.c.worker_name.type.length),
+                reason=storable(reason, REASON_CHARS),
+                excerpt=storable(payload, EXCERPT_CHARS),
             )
         )
         newest = select(dead_letters.c.id).order_by(dead_letters.c.id.desc()).limit(keep)
@@ -88,3 +90,12 @@ class DeadLetterRepository:
         if limit is not None:
             query = query.limit(limit)
         return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def storable(text: str | None, limit: int) -> str | None:
+    """`text` in `limit` characters at most (a longer one cut, ending in "…"), its NUL and lone
+    surrogates escaped (`\\x00`, `\\ud800`): PostgreSQL stores neither."""
+    if text is None:
+        return None
+    text = text[: limit + 1].encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -62,7 +62,7 @@ def collect(
     """Run one collection; `dry_run` (or the setting) logs and audits, and changes nothing."""
     dry_run = dry_run or settings.dry_run
     started = time.perf_counter()
-    with db.engine.connect() as conn, collection_fence(conn) as held:
+    with db.engine.connect() as conn, collection_fence(conn, settings.gc_interval) as held:
         if not held:
             log.warning("collection skipped: another collection holds the lock")
             return CollectionSummary("skipped", dry_run)

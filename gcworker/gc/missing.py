@@ -26,7 +26,7 @@ from gcworker.db.inventory import (
     InventoryRepository,
     VolumeRepository,
     deletion_plan,
-    lock_deleting_workers,
+    lock_workers,
 )
 from gcworker.gc.context import CollectionContext, Step
 from gcworker.rules import deletion_cutoff
@@ -68,7 +68,7 @@ class MissingRowCollector:
         their rows may go)."""
         grace = ctx.settings.missing_grace_period
         with ctx.transaction() as conn:
-            found, now = lock_deleting_workers(
+            found, now = lock_workers(
                 conn,
                 ctx.db,
                 [deletion.worker for deletion in batch],

@@ -1,11 +1,11 @@
 """The orphaned-volume collector: a volume made for a container whose row is gone goes to
-`destroying` (unless it still has child volumes)."""
+`destroying` (unless it still has child volumes). It locks the volumes' workers before the
+volumes, as reports and the scheduler do."""
 
 from __future__ import annotations
 
 from gcworker.db.audit import AuditEntry
-from gcworker.db.inventory import VolumeRepository
-from gcworker.db.workers import WorkerRepository
+from gcworker.db.inventory import VolumeRepository, lock_workers
 from gcworker.gc.context import CollectionContext
 
 
@@ -13,9 +13,13 @@ class OrphanedVolumeCollector:
     name = "orphaned-volumes"
 
     def run(self, ctx: CollectionContext) -> None:
+        repo = VolumeRepository(ctx.db)
         with ctx.step() as step:
-            orphaned = VolumeRepository(ctx.db).destroy_orphaned(step.conn, step.now)
-            WorkerRepository(ctx.db).bump_generation(step.conn, {w for _, w in orphaned})
+            names = repo.orphaned_workers(step.conn)
+            if not names:
+                return
+            lock_workers(step.conn, ctx.db, names, commit_without_waiting=False)
+            orphaned = repo.destroy_orphaned(step.conn, names, step.now)
             ctx.record(
                 step,
                 (

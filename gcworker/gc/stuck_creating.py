@@ -1,11 +1,11 @@
 """The stuck-creating collector (rule 10): a row left in `creating` past the creating-timeout
-becomes `failed`, and a failed row goes to `destroying` so that its worker removes it."""
+becomes `failed`, and a failed row goes to `destroying` so that its worker removes it. It locks
+the rows' workers before their rows, as reports and the scheduler do."""
 
 from __future__ import annotations
 
 from gcworker.db.audit import AuditEntry
-from gcworker.db.inventory import ContainerRepository, VolumeRepository
-from gcworker.db.workers import WorkerRepository
+from gcworker.db.inventory import ContainerRepository, VolumeRepository, lock_workers
 from gcworker.gc.context import CollectionContext
 from gcworker.settings import format_duration
 
@@ -15,12 +15,15 @@ class StuckCreatingCollector:
 
     def run(self, ctx: CollectionContext) -> None:
         timeout = ctx.settings.creating_timeout
-        workers = WorkerRepository(ctx.db)
         for repo in (ContainerRepository(ctx.db), VolumeRepository(ctx.db)):
             with ctx.step() as step:
-                failed = repo.fail_stuck_creating(step.conn, step.now - timeout, step.now)
-                destroying = repo.destroy_failed(step.conn, step.now)
-                workers.bump_generation(step.conn, {w for _, w in failed + destroying})
+                cutoff = step.now - timeout
+                names = repo.stuck_workers(step.conn, cutoff)
+                if not names:
+                    continue
+                lock_workers(step.conn, ctx.db, names, commit_without_waiting=False)
+                failed = repo.fail_stuck_creating(step.conn, names, cutoff, step.now)
+                destroying = repo.destroy_failed(step.conn, names, step.now)
                 ctx.record(
                     step,
                     (

@@ -2,10 +2,12 @@
 `PATH/volumes/<handle>`; destroying one removes its directory tree.
 
 An empty runtime and a missing one must not look alike (rule 15: a listing that cannot be
-trusted sends no report): the root must exist, be a readable directory, and hold `containers/`,
-`volumes/` or the marker file `.gcworker-runtime`. A mount point whose disk is not mounted is an
-empty directory, so it fails the listing instead of reporting that every container is gone; to
-declare a runtime that is empty on purpose, create the marker (`create` makes the folders).
+trusted sends no report): each of `containers/` and `volumes/` must be a readable directory (not
+a symlink) holding the marker file `.gcworker-runtime`, which `create` writes when it first
+makes something of that kind. A folder that is missing, renamed, or a mount point whose disk is
+not mounted (an empty directory: no marker) fails the listing instead of reporting that all its
+containers are gone. To declare a runtime that is empty on purpose, `declare_empty` (or create
+both folders and their markers by hand).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ class DirRuntime:
 
     def inventory(self) -> Inventory:
         try:
-            self._check_root()
             return Inventory(
                 containers=sorted(self._list(self._folder("container"))),
                 volumes=sorted(self._list(self._folder("volume"))),
@@ -41,34 +42,45 @@ class DirRuntime:
         except OSError as error:
             raise RuntimeError_(f"cannot list {self.root}: {error}") from error
 
-    def _check_root(self) -> None:
-        if not self.root.is_dir():
-            raise RuntimeError_(
-                f"runtime root {self.root} does not exist or is not a directory "
-                "(a typo, or a disk not mounted?)"
-            )
-        names = {entry.name for entry in os.scandir(self.root)}
-        if not names & {MARKER, *FOLDERS.values()}:
-            raise RuntimeError_(
-                f"runtime root {self.root} holds neither {', '.join(FOLDERS.values())} nor "
-                f"{MARKER}: an empty mount point is no empty runtime (create {self.root / MARKER} "
-                "to declare one)"
-            )
-
     @staticmethod
     def _list(folder: Path) -> list[str]:
-        if not folder.exists():
-            return []
-        return [entry.name for entry in os.scandir(folder) if entry.is_dir(follow_symlinks=False)]
+        """The folder's entries; a folder that cannot be trusted raises."""
+        if folder.is_symlink() or not folder.is_dir():
+            raise RuntimeError_(
+                f"{folder} is missing, a symlink or no directory (a typo, or a disk not "
+                "mounted?): no report"
+            )
+        entries = list(os.scandir(folder))
+        if MARKER not in {entry.name for entry in entries}:
+            raise RuntimeError_(
+                f"{folder} holds no {MARKER}: an empty mount point is no empty runtime (a "
+                f"runtime empty on purpose has the marker: touch {folder / MARKER})"
+            )
+        # Directories; and symlinks, which are never removed (`destroy`) but kept as present,
+        # so that a row is never deleted for something the runtime holds in an odd form.
+        return [
+            entry.name
+            for entry in entries
+            if entry.is_symlink() or entry.is_dir(follow_symlinks=False)
+        ]
 
     def declare_empty(self) -> DirRuntime:
-        """Make the root, with its marker: a runtime that is empty on purpose."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / MARKER).touch()
+        """Make both folders with their markers: a runtime that is empty on purpose."""
+        for kind in FOLDERS:
+            self._declared(kind)
         return self
 
+    def _declared(self, kind: str) -> Path:
+        folder = self._folder(kind)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MARKER).touch()
+        return folder
+
     def create(self, kind: str, handle: str) -> None:
-        (self._folder(kind) / self._checked(handle)).mkdir(parents=True, exist_ok=True)
+        """Make a container or volume; the runtime's first use declares it (both folders)."""
+        if not self.root.exists():
+            self.declare_empty()
+        (self._declared(kind) / self._checked(handle)).mkdir(exist_ok=True)
 
     def destroy(self, kind: str, handle: str) -> None:
         path = self._folder(kind) / self._checked(handle)
