@@ -330,6 +330,11 @@ class RowModel:
     container_owned: bool = False
     # Model only: when a report that may mark was last received without this handle.
     lacking_seen_at: datetime | None = None
+    created_at: datetime | None = None  # None: as state_changed_at, the row's first state
+
+    def __post_init__(self):
+        if self.created_at is None:
+            self.created_at = self.state_changed_at
 
     def view(self) -> tuple:
         return (
@@ -386,9 +391,16 @@ class ControlPlaneModel:
                     gone += self.delete_row(("volume", child.handle))
         return gone
 
-    def delete_rows_of(self, name: str) -> list[RowModel]:
-        """Every row of a worker (each audited, rule 13), as one DELETE of them does."""
-        rows = self.rows_of(name)
+    def delete_rows_of(
+        self, name: str, created_no_later_than: datetime | None = None
+    ) -> list[RowModel]:
+        """Every row of a worker, or those created no later than a time (each audited, rule
+        13), as one DELETE of them does."""
+        rows = [
+            row
+            for row in self.rows_of(name)
+            if created_no_later_than is None or row.created_at <= created_no_later_than
+        ]
         for row in rows:
             self.delete_row((row.kind, row.handle))
         return rows
@@ -420,8 +432,10 @@ class ControlPlaneModel:
         if m.incarnation < w.incarnation:
             return []  # rule 7: an older incarnation is rejected
         if m.incarnation > w.incarnation:  # rule 7: a new incarnation
-            if w.ephemeral:
-                for row in self.delete_rows_of(m.worker):
+            # Rule 7: only the rows provably the old incarnation's, created no later than its
+            # newest dated report; none without one.
+            if w.ephemeral and w.last_report_at is not None:
+                for row in self.delete_rows_of(m.worker, w.last_report_at):
                     entries.append(("reconciler", "delete", row.kind, row.handle, False))
                 entries.append(("reconciler", "drop_rows", "worker", m.worker, False))
             elif w.state == "stalled":
