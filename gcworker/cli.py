@@ -13,11 +13,13 @@ import time
 from datetime import UTC, datetime
 
 import click
+from kombu.exceptions import OperationalError as BrokerOperationalError
+from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError
 
 from gcworker import logs
 from gcworker.cli_output import print_rows as _print_rows
-from gcworker.errors import GcworkerError
+from gcworker.errors import GcworkerError, SetupError
 from gcworker.messages import Heartbeat, Report
 from gcworker.settings import ENV_PREFIX, Settings, SettingsError, load_settings
 
@@ -34,6 +36,7 @@ SETTING_FLAGS = (
 )
 
 EXIT_ERROR = 1
+# A setting, a file or a server the operator must fix (not a request gcworker refused).
 EXIT_USAGE = 2
 
 
@@ -63,15 +66,24 @@ class Context:
 
 
 class GcworkerGroup(click.Group):
-    """Turns refused requests and database failures into one line and a non-zero exit."""
+    """Turns refused requests (exit 1), and a file or a server that fails (exit 2), into one
+    line."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except SetupError as error:
+            _fail(str(error), EXIT_USAGE)
         except GcworkerError as error:
             _fail(str(error))
         except OperationalError as error:
-            _fail(f"database error: {str(error.orig).strip().splitlines()[0]}")
+            _fail(f"database error: {_first_line(error.orig)}", EXIT_USAGE)
+        except (BrokerOperationalError, RedisError) as error:
+            _fail(f"broker error: {_first_line(error)}", EXIT_USAGE)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _setting_options(command):
@@ -91,6 +103,7 @@ def _setting_options(command):
     cls=GcworkerGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
+@click.version_option(package_name="gcworker", message="%(prog)s %(version)s")
 @_setting_options
 @click.option(
     "--log-level",

@@ -12,7 +12,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from gcworker.errors import GcworkerError
+from gcworker.errors import GcworkerError, SetupError
 
 
 def generate_private_key() -> Ed25519PrivateKey:
@@ -36,7 +36,9 @@ def write_private_key(private_key: Ed25519PrivateKey, path: Path) -> None:
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise GcworkerError(f"{path} already exists: choose another --out") from None
+        raise SetupError(f"{path} already exists: choose another --out") from None
+    except OSError as error:
+        raise SetupError(f"cannot write the key {path}: {error.strerror}") from None
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(pem)
 
