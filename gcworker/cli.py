@@ -112,16 +112,26 @@ def _setting_options(command):
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     help="Logs go to stderr, one event per line.",
 )
+@click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    envvar=f"{ENV_PREFIX}LOG_FORMAT",
+    metavar="text|json",
+    help=f"text (key=value) or json (one object a line). Env: {ENV_PREFIX}LOG_FORMAT.",
+)
 @click.pass_context
-def main(ctx: click.Context, log_level: str, **overrides):
+def main(ctx: click.Context, log_level: str, log_format: str, **overrides):
     """gcworker keeps a control plane's database of containers and volumes true to what its
     workers really hold: workers report their inventory, gcworker marks what went missing and
     deletes what stayed missing past a grace period, and never what still exists.
 
     With no settings everything runs embedded, on a SQLite file under ./.gcworker/.
     """
-    logs.configure(log_level)
-    ctx.obj = Context(overrides)
+    if log_format not in logs.FORMATS:  # said like every setting, be it a flag or the env
+        _fail(f"{ENV_PREFIX}LOG_FORMAT={log_format}: must be one of {', '.join(logs.FORMATS)}", 2)
+    logs.configure(log_level, log_format)
+    ctx.obj = Context({**overrides, "log_format": log_format})  # child processes log alike
 
 
 # Schema ------------------------------------------------------------------------------------

@@ -27,8 +27,9 @@ DEFAULT_QUEUES = ("heartbeats", "reports", "collect")
 STOP_GRACE_SECONDS = 30.0
 
 
-def _celery(*args: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", CELERY_APP, *args]
+def _celery(*args: str, quiet: bool = False) -> list[str]:
+    # --quiet: no banner, for a log shipper expecting only log lines (--log-format json).
+    return [sys.executable, "-m", "celery", "-A", CELERY_APP, *(["--quiet"] * quiet), *args]
 
 
 def reconciler_argv(
@@ -37,6 +38,7 @@ def reconciler_argv(
     concurrency: int | None = None,
     node_name: str | None = None,
     log_level: str = "WARNING",
+    quiet: bool = False,
 ) -> list[str]:
     from tasks.routing import QUEUES
 
@@ -50,6 +52,7 @@ def reconciler_argv(
         "--without-mingle",
         "--optimization",
         "fair",
+        quiet=quiet,
     )
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
@@ -58,14 +61,14 @@ def reconciler_argv(
     return argv
 
 
-def beat_argv(*, log_level: str = "WARNING") -> list[str]:
+def beat_argv(*, log_level: str = "WARNING", quiet: bool = False) -> list[str]:
     from tasks.schedule import BEAT_SCHEDULER
 
-    return _celery("beat", "--loglevel", log_level, "--scheduler", BEAT_SCHEDULER)
+    return _celery("beat", "--loglevel", log_level, "--scheduler", BEAT_SCHEDULER, quiet=quiet)
 
 
-def flower_argv(*, port: int = 5555, address: str = "") -> list[str]:
-    argv = _celery("flower", f"--port={port}")
+def flower_argv(*, port: int = 5555, address: str = "", log_level: str = "WARNING") -> list[str]:
+    argv = _celery("flower", f"--port={port}", f"--logging={log_level.lower()}")
     if address:
         argv.append(f"--address={address}")
     return argv

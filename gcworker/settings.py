@@ -11,7 +11,7 @@ import logging
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import humanfriendly
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
@@ -134,6 +134,7 @@ class Settings(BaseSettings):
     sweep_containers_in_flight: int = Field(default=5, ge=1)
     sweep_volumes_in_flight: int = Field(default=3, ge=1)
     destroy_timeout: Duration = timedelta(minutes=5)
+    log_format: Literal["text", "json"] = "text"
 
     @field_validator(
         "missing_grace_period",

@@ -38,6 +38,11 @@ def _log_level() -> str:
     return logging.getLevelName(logging.getLogger().level)
 
 
+def _celery_logging(settings) -> dict:
+    """A Celery process's logging options: this process's level, no banner in JSON."""
+    return {"log_level": _log_level(), "quiet": settings.log_format == "json"}
+
+
 def _stop_on_signals() -> threading.Event:
     """An event set by SIGTERM or SIGINT (Ctrl-C): the command winds down and exits 0."""
     stop = threading.Event()
@@ -305,7 +310,7 @@ def reconciler(obj, queues, concurrency, node_name, metrics_port):
         queues=_queues(queues),
         concurrency=concurrency,
         node_name=node_name,
-        log_level=_log_level(),
+        **_celery_logging(settings),
     )
     sys.stdout.flush()
     sys.stderr.flush()
@@ -323,7 +328,7 @@ def beat(obj):
 
     _require_broker(obj.settings, "beat")
     env = processes.settings_environment(obj.overrides)
-    argv = processes.beat_argv(log_level=_log_level())
+    argv = processes.beat_argv(**_celery_logging(obj.settings))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(argv[0], argv, env)
@@ -398,18 +403,18 @@ def _up_broker(obj, flower: bool, flower_port: int, metrics_port: int, concurren
     env = processes.settings_environment(obj.overrides)
     metrics_dir = processes.fresh_metrics_dir()
     worker_env = {**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
-    level = _log_level()
     supervisor = processes.Supervisor()
     exit_code = 0
     try:
         supervisor.start(
             "reconciler",
-            processes.reconciler_argv(concurrency=concurrency, log_level=level),
+            processes.reconciler_argv(concurrency=concurrency, **_celery_logging(obj.settings)),
             worker_env,
         )
-        supervisor.start("beat", processes.beat_argv(log_level=level), env)
+        supervisor.start("beat", processes.beat_argv(**_celery_logging(obj.settings)), env)
         if flower:
-            supervisor.start("flower", processes.flower_argv(port=flower_port), env)
+            flower_argv = processes.flower_argv(port=flower_port, log_level=_log_level())
+            supervisor.start("flower", flower_argv, env)
         if metrics_port:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
             from gcworker import metrics
