@@ -101,7 +101,13 @@ MISSING_ROWS = Gauge(
 DISRUPTION = Gauge(
     "gcworker_disruption",
     "1 while the collector is in disruption mode (rule 12: stalling no one, deleting nothing), "
-    "as of the last collection; else 0.",
+    "as of the last collection; else 0. The start-up phase is not counted: gcworker_starting_up.",
+    multiprocess_mode="mostrecent",
+)
+STARTING_UP = Gauge(
+    "gcworker_starting_up",
+    "1 while the collector holds for the reconcilers' start-up (up for less than a heartbeat "
+    "TTL: stalling no one, deleting nothing, as in disruption mode), as of the last collection.",
     multiprocess_mode="mostrecent",
 )
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from sqlalchemy import func, select
 
 from gcworker import metrics
+from gcworker.broker_health import is_start_up
 from gcworker.codec import Rejected
 from gcworker.db.tables import INVENTORY_TABLES, workers
 from gcworker.gc.collection import CollectionSummary, collect
@@ -96,7 +97,7 @@ def run_collection(
 
     `self_check` is the brake's question "is the control plane itself behind?" (rule 12; in
     broker mode `gcworker.broker_health.BrokerSelfCheck`); `gcworker_disruption` follows the
-    brake's answer.
+    brake's answer, `gcworker_starting_up` instead when the answer is the start-up phase.
     """
     try:
         summary = collect(plane.db, plane.settings, self_check=self_check)
@@ -112,7 +113,9 @@ def run_collection(
         )
         return summary
     metrics.COLLECTION_SECONDS.observe(summary.seconds)
-    metrics.DISRUPTION.set(1 if summary.disrupted else 0)
+    starting_up = is_start_up(summary.disruption_reason)
+    metrics.DISRUPTION.set(1 if summary.disrupted and not starting_up else 0)
+    metrics.STARTING_UP.set(1 if starting_up else 0)
     if not summary.dry_run:
         for kind in ("container", "volume", "worker"):
             deleted = summary.counts.get(f"{kind}s deleted", 0)
