@@ -218,7 +218,7 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, once_timeout, metrics_p
     if metrics_port:
         from gcworker import metrics
 
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, registry_=metrics.REPORTER_REGISTRY)
     channel = MeteredChannel(open_channel(settings))
     agent = Reporter(
         worker,
