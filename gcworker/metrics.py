@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -28,7 +31,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 
 log = logging.getLogger(__name__)
@@ -290,16 +293,36 @@ def registry() -> CollectorRegistry:
     return combined
 
 
-def serve(port: int, address: str = "0.0.0.0", *, registry_: CollectorRegistry | None = None):
-    """Serve `/metrics` on `port` from a background thread (the control plane's series, unless
-    `registry_` says otherwise); returns the server."""
+def serve(
+    port: int,
+    address: str = "0.0.0.0",
+    *,
+    registry_: CollectorRegistry | None = None,
+    checks=None,
+):
+    """Serve `/metrics` (the control plane's series, unless `registry_` says otherwise), and
+    `/healthz` and `/readyz` (`checks`: `gcworker.health.Checks`) on `port`, from a background
+    thread; returns the server."""
+    from gcworker import health
+
     chosen = registry() if registry_ is None else registry_
-    server, _thread = start_http_server(port, addr=address, registry=chosen)
+    app = health.wsgi_app(make_wsgi_app(chosen), checks)
+    server = make_server(address, port, app, _ThreadingServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     log.info(
         "metrics served",
-        extra={"port": port, "multiprocess": multiprocess(), "path": "/metrics"},
+        extra={"port": port, "multiprocess": multiprocess(), "paths": "/metrics /healthz /readyz"},
     )
     return server
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds the process up at exit
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        """Every scrape and probe would be a line on stderr."""
 
 
 def process_exited(pid: int) -> None:

@@ -120,7 +120,9 @@ def _worker_init(**_):
                 "PROMETHEUS_MULTIPROC_DIR is not set: /metrics shows this process only, not the "
                 "pool processes that apply events (start with `gcworker reconciler`)"
             )
-        metrics.serve(int(port))
+        from gcworker.health import control_plane_checks
+
+        metrics.serve(int(port), checks=control_plane_checks(settings))
 
 
 class HeartbeatLease(bootsteps.StartStopStep):

@@ -129,6 +129,12 @@ class MeteredRuntime:
 
     def __init__(self, runtime):
         self.runtime = runtime
+        self.listing_error: str | None = "no listing yet"
+
+    def listed(self) -> None:
+        """The reporter's readiness check: raises while the last listing failed."""
+        if self.listing_error is not None:
+            raise RuntimeError(f"the runtime's last listing failed: {self.listing_error}")
 
     def inventory(self):
         from gcworker import metrics
@@ -136,9 +142,11 @@ class MeteredRuntime:
 
         try:
             inventory = self.runtime.inventory()
-        except RuntimeError_:
+        except RuntimeError_ as error:
             metrics.REPORTER_LISTING_FAILURES.inc()
+            self.listing_error = str(error)
             raise
+        self.listing_error = None
         metrics.REPORTER_HANDLES.labels("container").set(len(inventory.containers))
         metrics.REPORTER_HANDLES.labels("volume").set(len(inventory.volumes))
         return inventory
@@ -217,8 +225,10 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, once_timeout, metrics_p
     stop = _stop_on_signals()
     if metrics_port:
         from gcworker import metrics
+        from gcworker.health import reporter_checks
 
-        metrics.serve(metrics_port, registry_=metrics.REPORTER_REGISTRY)
+        checks = reporter_checks(settings, runtime.listed)
+        metrics.serve(metrics_port, registry_=metrics.REPORTER_REGISTRY, checks=checks)
     channel = MeteredChannel(open_channel(settings))
     agent = Reporter(
         worker,
@@ -376,8 +386,9 @@ def _up_embedded(plane, metrics_port: int) -> None:
     stop = _stop_on_signals()
     if metrics_port:
         from gcworker import metrics
+        from gcworker.health import control_plane_checks
 
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, checks=control_plane_checks(settings))
     interval = settings.gc_interval.total_seconds()
     click.echo(
         f"gcworker up (embedded, {plane.db.engine.url.render_as_string(hide_password=True)}): "
@@ -418,8 +429,9 @@ def _up_broker(obj, flower: bool, flower_port: int, metrics_port: int, concurren
         if metrics_port:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
             from gcworker import metrics
+            from gcworker.health import control_plane_checks
 
-            metrics.serve(metrics_port)
+            metrics.serve(metrics_port, checks=control_plane_checks(obj.settings))
         parts = [f"{c.name} (pid {c.pid})" for c in supervisor.children]
         click.echo(
             f"gcworker up (broker {_redacted(obj.settings.broker_url)}): "
