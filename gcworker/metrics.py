@@ -245,6 +245,10 @@ for _task in ("heartbeat", "report", "collect"):
     MESSAGES_REJECTED.labels(_task)
 for _outcome in HEARTBEAT_OUTCOMES:
     HEARTBEATS.labels(_outcome)
+for _state in WORKER_STATES:
+    WORKERS.labels(_state)
+for _kind in KINDS:
+    MISSING_ROWS.labels(_kind)
 for _kind in KINDS:
     for _state in BACKLOG_STATES:
         BACKLOG_ROWS.labels(_kind, _state)
