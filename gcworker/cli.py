@@ -488,5 +488,9 @@ main.add_command(reconciler)
 main.add_command(beat)
 main.add_command(up)
 
+from gcworker.commands.flower import flower  # noqa: E402
+
+main.add_command(flower)
+
 if __name__ == "__main__":
     main()

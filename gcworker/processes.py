@@ -67,11 +67,28 @@ def beat_argv(*, log_level: str = "WARNING", quiet: bool = False) -> list[str]:
     return _celery("beat", "--loglevel", log_level, "--scheduler", BEAT_SCHEDULER, quiet=quiet)
 
 
-def flower_argv(*, port: int = 5555, address: str = "", log_level: str = "WARNING") -> list[str]:
-    argv = _celery("flower", f"--port={port}", f"--logging={log_level.lower()}")
-    if address:
-        argv.append(f"--address={address}")
-    return argv
+DEFAULT_FLOWER_ADDRESS = "127.0.0.1"
+
+
+def flower_argv(
+    *, port: int = 5555, address: str = DEFAULT_FLOWER_ADDRESS, log_level: str = "WARNING"
+) -> list[str]:
+    return _celery(
+        "flower", f"--port={port}", f"--address={address}", f"--logging={log_level.lower()}"
+    )
+
+
+def flower_environment(settings, env: dict[str, str]) -> dict[str, str]:
+    """`env` with Flower's basic auth (Flower reads FLOWER_* options from its environment: the
+    credentials never show on a command line); SettingsError without them."""
+    from gcworker.settings import SettingsError
+
+    if settings.flower_basic_auth is None:
+        raise SettingsError(
+            f"{ENV_PREFIX}FLOWER_BASIC_AUTH is not set: Flower shows every task and can revoke "
+            f"them, so it needs credentials (user:password; or {ENV_PREFIX}FLOWER_BASIC_AUTH_FILE)"
+        )
+    return {**env, "FLOWER_BASIC_AUTH": settings.flower_basic_auth.get_secret_value()}
 
 
 def settings_environment(overrides: dict) -> dict[str, str]:

@@ -8,13 +8,21 @@ setting and says what is wrong (never a URL's password).
 from __future__ import annotations
 
 import logging
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import humanfriendly
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 log = logging.getLogger(__name__)
@@ -135,6 +143,9 @@ class Settings(BaseSettings):
     sweep_volumes_in_flight: int = Field(default=3, ge=1)
     destroy_timeout: Duration = timedelta(minutes=5)
     log_format: Literal["text", "json"] = "text"
+    # Flower's basic auth, "user:password" (several: comma-separated); `up --flower` and
+    # `gcworker flower` refuse to start Flower without it.
+    flower_basic_auth: SecretStr | None = None
 
     @field_validator(
         "missing_grace_period",
@@ -149,6 +160,15 @@ class Settings(BaseSettings):
     def _positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):
             raise ValueError("must be longer than zero")
+        return value
+
+    @field_validator("flower_basic_auth")
+    @classmethod
+    def _credentials(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(
+            r"[^:,]+:[^,]+(,[^:,]+:[^,]+)*", value.get_secret_value()
+        ):
+            raise ValueError("must be user:password (several: comma-separated)")
         return value
 
     @field_validator("database_url")
@@ -214,9 +234,34 @@ class Settings(BaseSettings):
             )
 
 
+# Settings that are secrets: each may be read from the file GCWORKER_<NAME>_FILE names (compose
+# secrets, systemd credentials) instead of an environment value; an error never shows one.
+SECRET_SETTINGS = ("database_url", "broker_url", "flower_basic_auth")
+
+
+def _secrets_from_files(overrides: dict) -> dict:
+    read = {}
+    for name in SECRET_SETTINGS:
+        variable = f"{ENV_PREFIX}{name.upper()}"
+        path = os.environ.get(f"{variable}_FILE")
+        if not path or name in overrides:
+            continue
+        if os.environ.get(variable):
+            raise SettingsError(f"both {variable} and {variable}_FILE are set: keep one")
+        try:
+            read[name] = Path(path).read_text().strip()
+        except OSError as error:
+            raise SettingsError(
+                f"{variable}_FILE={path}: cannot read it: {error.strerror}"
+            ) from None
+    return read
+
+
 def load_settings(**overrides: Any) -> Settings:
-    """Settings from the environment, with `overrides` (CLI flags) on top; raises SettingsError."""
+    """Settings from the environment (secrets possibly from files), with `overrides` (CLI
+    flags) on top; raises SettingsError."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides = {**_secrets_from_files(overrides), **overrides}
     try:
         settings = Settings(**overrides)
     except ValidationError as error:
@@ -228,6 +273,8 @@ def load_settings(**overrides: Any) -> Settings:
         value = overrides.get(field, first.get("input"))
         if field.endswith("_url"):
             value = without_password(value)
+        elif field in SECRET_SETTINGS:
+            value = "***"
         raise SettingsError(f"{ENV_PREFIX}{field.upper()}={value}: {message}") from None
     if settings.allow_unsigned:
         log.warning(

@@ -127,7 +127,7 @@ def test_celery_and_flower_lines_come_out_as_json(database_url, db, plane, tmp_p
         up = subprocess.Popen(
             [GCWORKER, "--log-level", "INFO", "up", "--flower", "--flower-port", str(free_port())]
             + ["--metrics-port", "0", "--concurrency", "1"],
-            env=pipeline.env(log_format="json"),
+            env=pipeline.env(log_format="json", flower_basic_auth="admin:s3cret"),
             stdout=stdout,
             stderr=stderr,
             stdin=subprocess.DEVNULL,

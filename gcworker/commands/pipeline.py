@@ -328,8 +328,13 @@ def reconciler(obj, queues, concurrency, node_name, metrics_port):
 
 
 @click.command()
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Do not run: exit 0 if some beat holds the schedule's lock, else 1 (a health check).",
+)
 @click.pass_obj
-def beat(obj):
+def beat(obj, check):
     """Run Celery beat (redbeat): a collection every GC interval; one beat of many is active.
 
     This process becomes Celery beat (same process id).
@@ -337,6 +342,8 @@ def beat(obj):
     from gcworker import processes
 
     _require_broker(obj.settings, "beat")
+    if check:
+        _check_beat(obj.settings)
     env = processes.settings_environment(obj.overrides)
     argv = processes.beat_argv(**_celery_logging(obj.settings))
     sys.stdout.flush()
@@ -344,12 +351,33 @@ def beat(obj):
     os.execve(argv[0], argv, env)
 
 
+def _check_beat(settings) -> None:
+    import redis
+
+    from tasks.schedule import beat_lock_key
+
+    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        held = client.exists(beat_lock_key(settings))
+    finally:
+        client.close()
+    if not held:
+        _fail(f"no beat holds the schedule's lock ({beat_lock_key(settings)})")
+    click.echo(f"beat: the schedule's lock is held ({beat_lock_key(settings)})")
+    sys.exit(0)
+
+
 # Up ------------------------------------------------------------------------------------------
 
 
 @click.command()
-@click.option("--flower", is_flag=True, help="Also run Flower (broker mode).")
+@click.option(
+    "--flower", is_flag=True, help="Also run Flower (broker mode; GCWORKER_FLOWER_BASIC_AUTH)."
+)
 @click.option("--flower-port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option(
+    "--flower-address", default="127.0.0.1", show_default=True, help="Where Flower listens."
+)
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -361,7 +389,7 @@ def beat(obj):
     "--concurrency", "-c", type=click.IntRange(min=1), default=None, help="Reconciler processes."
 )
 @click.pass_obj
-def up(obj, flower, flower_port, metrics_port, concurrency):
+def up(obj, flower, flower_port, flower_address, metrics_port, concurrency):
     """Run the control plane on this host until Ctrl-C or SIGTERM.
 
     Embedded (no GCWORKER_BROKER_URL): the collector every GC interval, in this process;
@@ -374,7 +402,8 @@ def up(obj, flower, flower_port, metrics_port, concurrency):
     else:
         plane.close()
         _require_control_plane_key(obj.settings, "reconciler")
-        _up_broker(obj, flower, flower_port, metrics_port, concurrency)
+        flower_at = (flower_address, flower_port) if flower else None
+        _up_broker(obj, flower_at, metrics_port, concurrency)
 
 
 def _up_embedded(plane, metrics_port: int) -> None:
@@ -407,11 +436,16 @@ def _up_embedded(plane, metrics_port: int) -> None:
     click.echo("gcworker up: stopped")
 
 
-def _up_broker(obj, flower: bool, flower_port: int, metrics_port: int, concurrency) -> None:
+def _up_broker(obj, flower_at, metrics_port: int, concurrency) -> None:
     from gcworker import processes
+    from gcworker.settings import SettingsError
 
-    stop = _stop_on_signals()
     env = processes.settings_environment(obj.overrides)
+    try:
+        flower_env = processes.flower_environment(obj.settings, env) if flower_at else None
+    except SettingsError as error:
+        _fail(str(error), 2)
+    stop = _stop_on_signals()
     metrics_dir = processes.fresh_metrics_dir()
     worker_env = {**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
     supervisor = processes.Supervisor()
@@ -423,9 +457,10 @@ def _up_broker(obj, flower: bool, flower_port: int, metrics_port: int, concurren
             worker_env,
         )
         supervisor.start("beat", processes.beat_argv(**_celery_logging(obj.settings)), env)
-        if flower:
-            flower_argv = processes.flower_argv(port=flower_port, log_level=_log_level())
-            supervisor.start("flower", flower_argv, env)
+        if flower_at:
+            address, port = flower_at
+            argv = processes.flower_argv(port=port, address=address, log_level=_log_level())
+            supervisor.start("flower", argv, flower_env)
         if metrics_port:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
             from gcworker import metrics
@@ -436,7 +471,7 @@ def _up_broker(obj, flower: bool, flower_port: int, metrics_port: int, concurren
         click.echo(
             f"gcworker up (broker {_redacted(obj.settings.broker_url)}): "
             + ", ".join(parts)
-            + (f"; Flower on http://127.0.0.1:{flower_port}" if flower else "")
+            + (f"; Flower on http://{_host(flower_at[0])}:{flower_at[1]}" if flower_at else "")
             + (f"; metrics on http://127.0.0.1:{metrics_port}/metrics" if metrics_port else "")
             + ". Ctrl-C to stop."
         )
@@ -456,6 +491,10 @@ def _up_broker(obj, flower: bool, flower_port: int, metrics_port: int, concurren
     click.echo("gcworker up: stopped")
     if exit_code:
         sys.exit(exit_code)
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
 
 
 def _redacted(url: str) -> str:
