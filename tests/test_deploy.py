@@ -96,3 +96,85 @@ def test_every_metric_the_dashboard_and_the_rules_name_is_one_gcworker_exports()
     }
     shown = " ".join(dashboard_expressions())
     assert {f for f in families if f not in shown} == set()
+
+
+# compose.yaml and the systemd units --------------------------------------------------------------
+
+ROOT = DEPLOY.parent
+UNITS = DEPLOY / "systemd"
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def test_compose_takes_secrets_from_files_and_publishes_on_loopback_only():
+    spec = compose()
+    declared = set(spec["secrets"])
+    for name, service in spec["services"].items():
+        assert set(service.get("secrets", [])) <= declared, name
+        for variable, value in (service.get("environment") or {}).items():
+            assert "PASSWORD" not in variable or variable.endswith("_FILE"), (name, variable)
+            assert "@" not in str(value), f"{name}: {variable} holds credentials"
+            if variable.endswith("_FILE") and str(value).startswith("/run/secrets/"):
+                assert str(value).removeprefix("/run/secrets/") in service["secrets"], variable
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+
+
+def test_compose_health_checks_use_the_health_endpoints_and_the_namespace():
+    services = compose()["services"]
+    checks = {
+        n: " ".join(s["healthcheck"]["test"]) for n, s in services.items() if "healthcheck" in s
+    }
+
+    assert "/readyz" in checks["reconciler"]
+    assert "gcworker beat --check" in checks["beat"]
+    assert not [n for n, c in checks.items() if "inspect ping" in c or "redbeat" in c]
+
+
+def unit_commands(path: Path) -> list[list[str]]:
+    """The gcworker command lines of a unit (ExecStart and friends), %i and ${...} filled in."""
+    commands = []
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.startswith("Exec") and "/gcworker " in value:
+            value = value.replace("%i", "w1").replace("${GCWORKER_RUNTIME}", "dir:/srv/runtime")
+            commands.append(value.split("/gcworker ", 1)[1].split())
+    return commands
+
+
+@pytest.mark.parametrize("unit", sorted(p.name for p in UNITS.glob("*.service")))
+def test_every_systemd_unit_runs_commands_gcworker_has(unit):
+    from click.testing import CliRunner
+
+    from gcworker.cli import main
+
+    commands = unit_commands(UNITS / unit)
+    assert commands, f"{unit} runs no gcworker command"
+    for args in commands:
+        result = CliRunner().invoke(main, [*args, "--help"])
+        assert result.exit_code == 0, f"{unit}: gcworker {' '.join(args)}: {result.output}"
+
+
+def test_systemd_accepts_the_units(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (the units' commands are checked above)")
+    gcworker = shutil.which("gcworker") or "/bin/true"
+    names = []
+    for unit in sorted(UNITS.glob("*.service")) + sorted(UNITS.glob("*.timer")):
+        name = unit.name.replace("@.", "@w1.")
+        (tmp_path / name).write_text(unit.read_text().replace("/usr/local/bin/gcworker", gcworker))
+        names.append(f"./{name}")
+
+    result = subprocess.run(
+        [analyze, "verify", *names],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"},
+    )
+
+    assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
