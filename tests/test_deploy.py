@@ -178,3 +178,25 @@ def test_systemd_accepts_the_units(tmp_path):
     )
 
     assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
+
+
+def test_every_dependency_is_pinned_for_the_image_and_ci():
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["test"]
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, pinned = line.partition("==")
+            pins[canonicalize_name(name)] = pinned
+    for text in wanted:
+        requirement = Requirement(text)
+        pinned = pins.get(canonicalize_name(requirement.name))
+        assert pinned is not None, f"{requirement.name} is not pinned in constraints.txt"
+        assert requirement.specifier.contains(pinned), f"{requirement}: pinned {pinned}"
+    assert "-c constraints.txt" in (ROOT / "Dockerfile").read_text()
+    assert "-c constraints.txt" in (ROOT / ".ci" / "run").read_text()
