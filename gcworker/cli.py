@@ -250,7 +250,9 @@ def _handle_list(value: str) -> list[str]:
 
 @main.command()
 @click.option("--worker", required=True, help="The worker's name.")
-@click.option("--incarnation", type=int, default=1, show_default=True)
+@click.option(
+    "--incarnation", type=int, default=1, show_default=True, help="Increases when it restarts."
+)
 @click.option("--seq", type=int, default=None, help="Sequence number [current time in ns].")
 @click.option(
     "--containers",
@@ -282,7 +284,7 @@ def report(obj: Context, worker, incarnation, seq, containers, volumes, key_file
     if result.reason:
         line += f" ({result.reason})"
     changes = [
-        f"{what} {n} {kind}{'s' if n != 1 else ''}"
+        f"{what} {_count(n, kind)}"
         for what, counts in (
             ("marked missing", result.marked),
             ("cleared", result.cleared),
@@ -310,6 +312,8 @@ def _row_group(kind: str):
     def group(ctx: click.Context, worker, as_json):
         if ctx.invoked_subcommand is None:
             plane = ctx.obj.control_plane()
+            if worker is not None:
+                plane.worker(worker)  # an unknown one is an error, not an empty listing
             rows = plane.containers(worker) if kind == "container" else plane.volumes(worker)
             columns = ["handle", "worker", "state", "missing_since"]
             if kind == "volume":
@@ -327,7 +331,7 @@ main.add_command(volumes_group)
 
 
 @containers_group.command("create")
-@click.option("--worker", required=True)
+@click.option("--worker", required=True, help="The worker that will hold it.")
 @click.argument("handle")
 @click.pass_obj
 def container_create(obj: Context, worker, handle):
@@ -337,7 +341,7 @@ def container_create(obj: Context, worker, handle):
 
 
 @volumes_group.command("create")
-@click.option("--worker", required=True)
+@click.option("--worker", required=True, help="The worker that will hold it.")
 @click.option("--parent", default=None, help="Copy-on-write parent volume.")
 @click.option("--container", default=None, help="The container that owns this volume.")
 @click.argument("handle")
@@ -434,9 +438,13 @@ def worker_prune(obj: Context, name, revoke_key):
     incarnation (a restarted reporter)."""
     counts = obj.control_plane().fleet.prune(name, revoke_key=revoke_key)
     click.echo(
-        f"worker {name}: pruned with {counts['containers']} containers and "
-        f"{counts['volumes']} volumes{', its key revoked' if revoke_key else ''}"
+        f"worker {name}: pruned with {_count(counts['containers'], 'container')} and "
+        f"{_count(counts['volumes'], 'volume')}{', its key revoked' if revoke_key else ''}"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # Collector and audit -----------------------------------------------------------------------
@@ -454,10 +462,25 @@ def collect(obj: Context, dry_run):
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N.")
+@click.option("--worker", default=None, help="Only this worker's events (deleted ones too).")
+@click.option("--since", default=None, metavar="DURATION", help="Only the last DURATION (1h).")
+@click.option(
+    "--action",
+    "actions",
+    multiple=True,
+    metavar="ACTION",
+    help="Only this action (delete, stall, destroy...); may be repeated.",
+)
 @click.pass_obj
-def events(obj: Context, as_json, limit):
+def events(obj: Context, as_json, limit, worker, since, actions):
     """List the audit log, newest first: what the collector changed and why."""
-    rows = obj.control_plane().events(limit)
+    from gcworker.settings import parse_duration
+
+    try:
+        age = None if since is None else parse_duration(since)
+    except ValueError as error:
+        _fail(f"--since: {error}", EXIT_USAGE)
+    rows = obj.control_plane().events(limit, worker=worker, age=age, actions=actions)
     for row in rows:
         row["worker"] = row.pop("worker_name")
     _print_rows(

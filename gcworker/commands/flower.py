@@ -11,7 +11,9 @@ import click
 
 
 @click.command()
-@click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=5555, show_default=True, help="Its port."
+)
 @click.option(
     "--address",
     default="127.0.0.1",

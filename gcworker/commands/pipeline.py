@@ -374,7 +374,13 @@ def _check_beat(settings) -> None:
 @click.option(
     "--flower", is_flag=True, help="Also run Flower (broker mode; GCWORKER_FLOWER_BASIC_AUTH)."
 )
-@click.option("--flower-port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option(
+    "--flower-port",
+    type=click.IntRange(1, 65535),
+    default=5555,
+    show_default=True,
+    help="Flower's port.",
+)
 @click.option(
     "--flower-address", default="127.0.0.1", show_default=True, help="Where Flower listens."
 )
