@@ -10,14 +10,17 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from gcworker.runtimes.dir import DirRuntime
 from gcworker.settings import SettingsError, load_settings
 from gcworker.signing import generate_private_key, load_private_key, write_private_key
 from tests.pipeline_support import GCWORKER, Pipeline, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -160,3 +163,68 @@ def test_the_beat_health_check_follows_the_broker_namespace(database_url, tmp_pa
     finally:
         pipeline.close()
         other.close()
+
+
+def test_the_reporters_redis_user_can_report_and_nothing_more(tmp_path):
+    """deploy/redis/redis.acl.example, on a redis-server of this test: a reporter publishes and
+    reads its answers with the `reporter` user, which can drain, read or delete nothing else."""
+    import redis
+
+    from tests.fault_support import _stop
+
+    acl = (ROOT / "deploy" / "redis" / "redis.acl.example").read_text()
+    acl = acl.replace("CHANGE-ME-control-plane", "cp-pw").replace("CHANGE-ME-reporters", "rep-pw")
+    (tmp_path / "redis.acl").write_text(acl)
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        + ["--appendonly", "no", "--aclfile", str(tmp_path / "redis.acl")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    plane_url = f"redis://gcworker:cp-pw@127.0.0.1:{port}/0"
+    reporter_url = f"redis://reporter:rep-pw@127.0.0.1:{port}/0"
+    control = redis.Redis.from_url(plane_url, socket_connect_timeout=1)
+    reporter = redis.Redis.from_url(reporter_url)
+    pipeline = None
+
+    def answers():
+        try:
+            return control.ping()
+        except redis.ConnectionError:
+            assert server.poll() is None, "redis-server exited"
+            return False
+
+    try:
+        wait_for(answers, timeout=10, what="redis-server with the ACL file")
+        runtime = DirRuntime(str(tmp_path / "runtime")).declare_empty()
+        pipeline = Pipeline(
+            "sqlite://", tmp_path, broker_url=plane_url, broker_namespace="gcworker"
+        )
+        proc = pipeline.start_reporter("w1", runtime.root, broker_url=reporter_url)
+        wait_for(
+            lambda: control.llen("gcworker:heartbeats") and control.llen("gcworker:reports"),
+            timeout=30,
+            what="the reporter's heartbeat and report in the queues",
+            details=proc.log,
+        )
+        pipeline.stop(proc)
+        assert "failed" not in proc.log() and "NOPERM" not in proc.log(), proc.log()
+
+        for forbidden in (
+            lambda: reporter.rpop("gcworker:reports"),  # drain (read) a queue
+            lambda: reporter.delete("gcworker:heartbeats"),
+            lambda: reporter.getdel("gcworker:destroying:{w2}:list"),  # another's destroy list
+            lambda: reporter.set("gcworker:redbeat::lock", "mine"),
+            lambda: reporter.lpush("gcworker:collect", "x"),
+            reporter.flushall,
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                forbidden()
+    finally:
+        if pipeline is not None:
+            pipeline.close()
+        control.close()
+        reporter.close()
+        _stop(server, signal.SIGTERM, 10)
