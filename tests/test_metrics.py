@@ -160,7 +160,7 @@ def test_a_reporter_sends_no_task_sent_events(database_url, tmp_path):
     one per reporter process. Beat's sends (one task per GC interval) still say so."""
     pipeline = Pipeline(database_url, tmp_path)
     events = pipeline.redis.pubsub()
-    events.psubscribe("*celeryev*")
+    events.psubscribe(f"{pipeline.namespace}:*celeryev/task.sent")  # this test's alone
     wait_for(lambda: events.get_message(timeout=1), timeout=10, what="the subscription")
     try:
         pipeline.channel.send(Heartbeat(worker="w1", incarnation=1, seq=1))  # a reporter's send
