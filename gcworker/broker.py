@@ -51,6 +51,8 @@ class BrokerChannel:
             raise ValueError("BrokerChannel needs GCWORKER_BROKER_URL")
         self.settings = settings
         self.app = make_app(settings)
+        # No task-sent events: Flower would turn each reporter process into a label value.
+        self.app.conf.task_send_sent_event = False
         self.private_key = private_key if private_key is not None else load_key(settings)
         self._board: DestroyingBoard | None = None
 

@@ -22,7 +22,9 @@ from Redis, with the first reason that holds:
   applied yet, and a backlog cannot have been observed for a whole TTL yet either.
 
 Any of them puts the collector in disruption mode: it stalls no one and deletes nothing, and on
-recovery every heartbeat expiry restarts and every mark is cleared (`gcworker.gc.brake`).
+recovery every heartbeat expiry restarts and every mark is cleared (`gcworker.gc.brake`). The
+last one is what every deploy shows for a TTL: it is reported as the start-up phase, not as a
+disruption (`is_start_up`).
 
 Observations: a Redis queue is a list (kombu pushes on the left and pops on the right), and
 messages carry no arrival time the control plane could trust (a worker's clock is never used).
@@ -63,6 +65,7 @@ from gcworker.settings import format_duration
 log = logging.getLogger(__name__)
 
 HEARTBEATS = "heartbeats"
+START_UP = "the reconcilers processing heartbeats have been up for only"
 LEASE_PERIODS = 3  # a lease lasts this many renewal periods
 MIN_RENEW = 0.2
 MAX_RENEW = 5.0
@@ -210,11 +213,19 @@ class BrokerStatus:
             )
         if self.reconcilers_up_for < ttl:
             return (
-                f"the reconcilers processing heartbeats have been up for only "
+                f"{START_UP} "
                 f"{_seconds(self.reconcilers_up_for)}, less than the heartbeat TTL "
                 f"({_seconds(ttl)}): heartbeats sent before may not be applied yet"
             )
         return None
+
+
+def is_start_up(reason: str | None) -> bool:
+    """Whether `reason` is the control plane's own start-up: the reconcilers have been up for
+    less than a TTL (after a deploy, or a reconnection to the broker). The brake holds as in
+    disruption mode, but it is reported as its own phase (an INFO line, `gcworker_starting_up`),
+    so that an alert on `gcworker_disruption` does not fire on every deploy."""
+    return reason is not None and reason.startswith(START_UP)
 
 
 def _seconds(value: float) -> str:

@@ -13,11 +13,13 @@ import time
 from datetime import UTC, datetime
 
 import click
+from kombu.exceptions import OperationalError as BrokerOperationalError
+from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError
 
 from gcworker import logs
 from gcworker.cli_output import print_rows as _print_rows
-from gcworker.errors import GcworkerError
+from gcworker.errors import GcworkerError, SetupError
 from gcworker.messages import Heartbeat, Report
 from gcworker.settings import ENV_PREFIX, Settings, SettingsError, load_settings
 
@@ -34,6 +36,7 @@ SETTING_FLAGS = (
 )
 
 EXIT_ERROR = 1
+# A setting, a file or a server the operator must fix (not a request gcworker refused).
 EXIT_USAGE = 2
 
 
@@ -63,15 +66,24 @@ class Context:
 
 
 class GcworkerGroup(click.Group):
-    """Turns refused requests and database failures into one line and a non-zero exit."""
+    """Turns refused requests (exit 1), and a file or a server that fails (exit 2), into one
+    line."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except SetupError as error:
+            _fail(str(error), EXIT_USAGE)
         except GcworkerError as error:
             _fail(str(error))
         except OperationalError as error:
-            _fail(f"database error: {str(error.orig).strip().splitlines()[0]}")
+            _fail(f"database error: {_first_line(error.orig)}", EXIT_USAGE)
+        except (BrokerOperationalError, RedisError) as error:
+            _fail(f"broker error: {_first_line(error)}", EXIT_USAGE)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _setting_options(command):
@@ -91,6 +103,7 @@ def _setting_options(command):
     cls=GcworkerGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
+@click.version_option(package_name="gcworker", message="%(prog)s %(version)s")
 @_setting_options
 @click.option(
     "--log-level",
@@ -99,16 +112,26 @@ def _setting_options(command):
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     help="Logs go to stderr, one event per line.",
 )
+@click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    envvar=f"{ENV_PREFIX}LOG_FORMAT",
+    metavar="text|json",
+    help=f"text (key=value) or json (one object a line). Env: {ENV_PREFIX}LOG_FORMAT.",
+)
 @click.pass_context
-def main(ctx: click.Context, log_level: str, **overrides):
+def main(ctx: click.Context, log_level: str, log_format: str, **overrides):
     """gcworker keeps a control plane's database of containers and volumes true to what its
     workers really hold: workers report their inventory, gcworker marks what went missing and
     deletes what stayed missing past a grace period, and never what still exists.
 
     With no settings everything runs embedded, on a SQLite file under ./.gcworker/.
     """
-    logs.configure(log_level)
-    ctx.obj = Context(overrides)
+    if log_format not in logs.FORMATS:  # said like every setting, be it a flag or the env
+        _fail(f"{ENV_PREFIX}LOG_FORMAT={log_format}: must be one of {', '.join(logs.FORMATS)}", 2)
+    logs.configure(log_level, log_format)
+    ctx.obj = Context({**overrides, "log_format": log_format})  # child processes log alike
 
 
 # Schema ------------------------------------------------------------------------------------
@@ -227,7 +250,9 @@ def _handle_list(value: str) -> list[str]:
 
 @main.command()
 @click.option("--worker", required=True, help="The worker's name.")
-@click.option("--incarnation", type=int, default=1, show_default=True)
+@click.option(
+    "--incarnation", type=int, default=1, show_default=True, help="Increases when it restarts."
+)
 @click.option("--seq", type=int, default=None, help="Sequence number [current time in ns].")
 @click.option(
     "--containers",
@@ -259,7 +284,7 @@ def report(obj: Context, worker, incarnation, seq, containers, volumes, key_file
     if result.reason:
         line += f" ({result.reason})"
     changes = [
-        f"{what} {n} {kind}{'s' if n != 1 else ''}"
+        f"{what} {_count(n, kind)}"
         for what, counts in (
             ("marked missing", result.marked),
             ("cleared", result.cleared),
@@ -287,6 +312,8 @@ def _row_group(kind: str):
     def group(ctx: click.Context, worker, as_json):
         if ctx.invoked_subcommand is None:
             plane = ctx.obj.control_plane()
+            if worker is not None:
+                plane.worker(worker)  # an unknown one is an error, not an empty listing
             rows = plane.containers(worker) if kind == "container" else plane.volumes(worker)
             columns = ["handle", "worker", "state", "missing_since"]
             if kind == "volume":
@@ -304,7 +331,7 @@ main.add_command(volumes_group)
 
 
 @containers_group.command("create")
-@click.option("--worker", required=True)
+@click.option("--worker", required=True, help="The worker that will hold it.")
 @click.argument("handle")
 @click.pass_obj
 def container_create(obj: Context, worker, handle):
@@ -314,7 +341,7 @@ def container_create(obj: Context, worker, handle):
 
 
 @volumes_group.command("create")
-@click.option("--worker", required=True)
+@click.option("--worker", required=True, help="The worker that will hold it.")
 @click.option("--parent", default=None, help="Copy-on-write parent volume.")
 @click.option("--container", default=None, help="The container that owns this volume.")
 @click.argument("handle")
@@ -411,9 +438,13 @@ def worker_prune(obj: Context, name, revoke_key):
     incarnation (a restarted reporter)."""
     counts = obj.control_plane().fleet.prune(name, revoke_key=revoke_key)
     click.echo(
-        f"worker {name}: pruned with {counts['containers']} containers and "
-        f"{counts['volumes']} volumes{', its key revoked' if revoke_key else ''}"
+        f"worker {name}: pruned with {_count(counts['containers'], 'container')} and "
+        f"{_count(counts['volumes'], 'volume')}{', its key revoked' if revoke_key else ''}"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # Collector and audit -----------------------------------------------------------------------
@@ -431,10 +462,25 @@ def collect(obj: Context, dry_run):
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N.")
+@click.option("--worker", default=None, help="Only this worker's events (deleted ones too).")
+@click.option("--since", default=None, metavar="DURATION", help="Only the last DURATION (1h).")
+@click.option(
+    "--action",
+    "actions",
+    multiple=True,
+    metavar="ACTION",
+    help="Only this action (delete, stall, destroy...); may be repeated.",
+)
 @click.pass_obj
-def events(obj: Context, as_json, limit):
+def events(obj: Context, as_json, limit, worker, since, actions):
     """List the audit log, newest first: every row or worker changed, by whom and why."""
-    rows = obj.control_plane().events(limit)
+    from gcworker.settings import parse_duration
+
+    try:
+        age = None if since is None else parse_duration(since)
+    except ValueError as error:
+        _fail(f"--since: {error}", EXIT_USAGE)
+    rows = obj.control_plane().events(limit, worker=worker, age=age, actions=actions)
     for row in rows:
         row["worker"] = row.pop("worker_name")
     _print_rows(
@@ -464,6 +510,10 @@ main.add_command(reporter)
 main.add_command(reconciler)
 main.add_command(beat)
 main.add_command(up)
+
+from gcworker.commands.flower import flower  # noqa: E402
+
+main.add_command(flower)
 
 if __name__ == "__main__":
     main()

@@ -146,9 +146,25 @@ class ControlPlane:
                 for repo in (ContainerRepository(self.db), VolumeRepository(self.db))
             }
 
-    def events(self, limit: int | None = None) -> list[dict]:
+    def events(self, limit: int | None = None, *, worker=None, age=None, actions=()) -> list[dict]:
+        """The audit, newest first: of `worker`, of the last `age` (a timedelta, by the control
+        plane's clock), of `actions` only, when given."""
         with self.db.transaction() as conn:
-            return AuditRepository().list(conn, limit)
+            since = None if age is None else self.db.now(conn) - age
+            return AuditRepository().list(
+                conn, limit, worker=worker, since=since, actions=tuple(actions)
+            )
+
+    def worker(self, name: str) -> dict:
+        """The worker named `name`; UnknownWorker (a NotFound) if there is none."""
+        from gcworker.db.workers import UnknownWorker
+        from gcworker.errors import NotFound
+
+        with self.db.transaction() as conn:
+            try:
+                return WorkerRepository(self.db).get(conn, name)
+            except UnknownWorker as error:
+                raise NotFound(str(error)) from None
 
     def close(self) -> None:
         self.db.dispose()

@@ -11,3 +11,8 @@ class NotFound(GcworkerError):
 
 class Conflict(GcworkerError):
     pass
+
+
+class SetupError(GcworkerError):
+    """Something the operator must fix outside gcworker (a file, a folder, a server): the CLI
+    exits 2, like for a bad setting."""

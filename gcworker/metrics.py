@@ -16,15 +16,22 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable
+from importlib.metadata import PackageNotFoundError, version
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 
 log = logging.getLogger(__name__)
@@ -33,6 +40,15 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 KINDS = ("container", "volume")
 REPORT_OUTCOMES = ("accepted", "stale", "rejected", "worker_not_running", "full_report_needed")
 COLLECTION_OUTCOMES = ("completed", "skipped", "failed")
+HEARTBEAT_OUTCOMES = ("registered", "extended", "resumed", "new_incarnation", "stale", "rejected")
+BACKLOG_STATES = ("creating", "failed", "destroying")
+MESSAGE_TYPES = ("heartbeat", "report", "unchanged")
+REPORTER_PREFIX = "gcworker_reporter_"
+# The reporter's own registry: its /metrics shows its series (and its process's), none of the
+# control plane's, whatever modules it imported.
+REPORTER_REGISTRY = CollectorRegistry()
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REPORTER_REGISTRY.register(_collector)
 WORKER_STATES = ("running", "stalled", "landing", "landed", "retiring")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
@@ -41,7 +57,9 @@ _COLLECTION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 # Control plane: events ---------------------------------------------------------------------
 
 REPORTS = Counter("gcworker_reports", "Reports received, by outcome.", ["outcome"])
-HEARTBEATS = Counter("gcworker_heartbeats", "Heartbeats received (any outcome).")
+HEARTBEATS = Counter(
+    "gcworker_heartbeats", "Heartbeats received, by outcome (rejected: on arrival).", ["outcome"]
+)
 MESSAGES_REJECTED = Counter(
     "gcworker_messages_rejected",
     "Messages rejected on arrival (malformed, unsigned, wrongly signed...), by task.",
@@ -101,8 +119,38 @@ MISSING_ROWS = Gauge(
 DISRUPTION = Gauge(
     "gcworker_disruption",
     "1 while the collector is in disruption mode (rule 12: stalling no one, deleting nothing), "
-    "as of the last collection; else 0.",
+    "as of the last collection; else 0. The start-up phase is not counted: gcworker_starting_up.",
     multiprocess_mode="mostrecent",
+)
+STARTING_UP = Gauge(
+    "gcworker_starting_up",
+    "1 while the collector holds for the reconcilers' start-up (up for less than a heartbeat "
+    "TTL: stalling no one, deleting nothing, as in disruption mode), as of the last collection.",
+    multiprocess_mode="mostrecent",
+)
+
+LAST_COLLECTION = Gauge(
+    "gcworker_last_collection_timestamp_seconds",
+    "When the last completed collection finished (Unix time; 0: none yet).",
+    multiprocess_mode="max",
+)
+BACKLOG_ROWS = Gauge(
+    "gcworker_backlog_rows",
+    "Rows waiting in creating, failed or destroying, by kind and state, as of the last collection.",
+    ["kind", "state"],
+    multiprocess_mode="mostrecent",
+)
+BACKLOG_OLDEST_SECONDS = Gauge(
+    "gcworker_backlog_oldest_seconds",
+    "How long the oldest row has been in that state (0: none), as of the last collection.",
+    ["kind", "state"],
+    multiprocess_mode="mostrecent",
+)
+BUILD_INFO = Gauge(
+    "gcworker_build_info",
+    "1, labelled with gcworker's version.",
+    ["version"],
+    multiprocess_mode="max",
 )
 
 # Control plane: the broker, as the last collection saw it (gcworker.broker_health) ----------
@@ -131,23 +179,33 @@ HEARTBEATS_RETRYING = Gauge(
 # Reporter ----------------------------------------------------------------------------------
 
 REPORTER_SENT = Counter(
-    "gcworker_reporter_messages_sent", "Messages the reporter published, by type.", ["type"]
+    "gcworker_reporter_messages_sent",
+    "Messages the reporter published, by type.",
+    ["type"],
+    registry=REPORTER_REGISTRY,
 )
 REPORTER_SEND_FAILURES = Counter(
     "gcworker_reporter_send_failures",
     "Messages the reporter could not publish (broker unreachable...), by type.",
     ["type"],
+    registry=REPORTER_REGISTRY,
 )
 REPORTER_LISTING_FAILURES = Counter(
-    "gcworker_reporter_listing_failures", "Runtime listings that failed (no report was sent)."
+    "gcworker_reporter_listing_failures",
+    "Runtime listings that failed (no report was sent).",
+    registry=REPORTER_REGISTRY,
 )
 REPORTER_HANDLES = Gauge(
-    "gcworker_reporter_handles", "Handles the runtime held at the last listing.", ["kind"]
+    "gcworker_reporter_handles",
+    "Handles the runtime held at the last listing.",
+    ["kind"],
+    registry=REPORTER_REGISTRY,
 )
 REPORTER_REMOVED = Counter(
     "gcworker_reporter_handles_removed",
     "Handles the reporter removed because the control plane holds them as destroying.",
     ["kind"],
+    registry=REPORTER_REGISTRY,
 )
 REPORTER_ANSWERS_IGNORED = Counter(
     "gcworker_reporter_answers_ignored",
@@ -155,17 +213,20 @@ REPORTER_ANSWERS_IGNORED = Counter(
     "(untrusted: unsigned or forged; stale, future, other_incarnation: not current; "
     "other_generation: a list awaiting its newer version).",
     ["answer", "reason"],
+    registry=REPORTER_REGISTRY,
 )
 REPORTER_HANDLES_SKIPPED = Counter(
     "gcworker_reporter_handles_skipped",
     "Entries the reporter skipped: listed by the runtime but no valid handle (never reported), "
     "or named for removal but invalid or not held by the runtime (never removed).",
     ["why"],
+    registry=REPORTER_REGISTRY,
 )
 SWEEP_FAILURES = Counter(
     "gcworker_reporter_sweep_failures",
     "Removals of destroying handles that failed or timed out (retried on a later round).",
     ["kind", "reason"],
+    registry=REPORTER_REGISTRY,
 )
 
 for _outcome in REPORT_OUTCOMES:
@@ -182,31 +243,90 @@ for _kind in KINDS:
         SWEEP_FAILURES.labels(_kind, _reason)
 for _task in ("heartbeat", "report", "collect"):
     MESSAGES_REJECTED.labels(_task)
+for _outcome in HEARTBEAT_OUTCOMES:
+    HEARTBEATS.labels(_outcome)
+for _state in WORKER_STATES:
+    WORKERS.labels(_state)
+for _kind in KINDS:
+    MISSING_ROWS.labels(_kind)
+for _kind in KINDS:
+    for _state in BACKLOG_STATES:
+        BACKLOG_ROWS.labels(_kind, _state)
+        BACKLOG_OLDEST_SECONDS.labels(_kind, _state)
+for _type in MESSAGE_TYPES:
+    REPORTER_SENT.labels(_type)
+    REPORTER_SEND_FAILURES.labels(_type)
+for _kind in KINDS:
+    REPORTER_HANDLES.labels(_kind)
+    REPORTER_REMOVED.labels(_kind)
+for _answer in ("stamp", "destroylist"):
+    for _reason in ("untrusted", "stale", "future", "other_incarnation", "other_generation"):
+        REPORTER_ANSWERS_IGNORED.labels(_answer, _reason)
+for _why in ("invalid_listed", "invalid_named", "not_held"):
+    REPORTER_HANDLES_SKIPPED.labels(_why)
+try:
+    BUILD_INFO.labels(version("gcworker")).set(1)
+except PackageNotFoundError:  # run from a checkout that was never installed
+    BUILD_INFO.labels("unknown").set(1)
 
 
 def multiprocess() -> bool:
     return bool(os.environ.get(MULTIPROC_ENV))
 
 
+class _ControlPlaneSeries:
+    """Every process's values (multiprocess mode) but the reporter's: in that mode each series a
+    process merely declares is written to its files, the reporter's included."""
+
+    def __init__(self, collector):
+        self.collector = collector
+
+    def collect(self):
+        return (m for m in self.collector.collect() if not m.name.startswith(REPORTER_PREFIX))
+
+
 def registry() -> CollectorRegistry:
-    """What `/metrics` shows: every process's values in multiprocess mode, else this one's."""
+    """What the control plane's `/metrics` shows: every process's values in multiprocess mode,
+    else this one's; never the reporter's series (`REPORTER_REGISTRY`)."""
     if not multiprocess():
         return REGISTRY
     from prometheus_client import multiprocess as mp
 
     combined = CollectorRegistry()
-    mp.MultiProcessCollector(combined)
+    combined.register(_ControlPlaneSeries(mp.MultiProcessCollector(None)))
     return combined
 
 
-def serve(port: int, address: str = "0.0.0.0"):
-    """Serve `/metrics` on `port` from a background thread; returns the server."""
-    server, _thread = start_http_server(port, addr=address, registry=registry())
+def serve(
+    port: int,
+    address: str = "0.0.0.0",
+    *,
+    registry_: CollectorRegistry | None = None,
+    checks=None,
+):
+    """Serve `/metrics` (the control plane's series, unless `registry_` says otherwise), and
+    `/healthz` and `/readyz` (`checks`: `gcworker.health.Checks`) on `port`, from a background
+    thread; returns the server."""
+    from gcworker import health
+
+    chosen = registry() if registry_ is None else registry_
+    app = health.wsgi_app(make_wsgi_app(chosen), checks)
+    server = make_server(address, port, app, _ThreadingServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     log.info(
         "metrics served",
-        extra={"port": port, "multiprocess": multiprocess(), "path": "/metrics"},
+        extra={"port": port, "multiprocess": multiprocess(), "paths": "/metrics /healthz /readyz"},
     )
     return server
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds the process up at exit
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        """Every scrape and probe would be a line on stderr."""
 
 
 def process_exited(pid: int) -> None:
@@ -226,8 +346,3 @@ def count_counts(counter: Counter, counts: dict[str, int], *extra_labels: str) -
 def set_states(gauge: Gauge, counts: dict[str, int], labels: Iterable[str]) -> None:
     for label in labels:
         gauge.labels(label).set(counts.get(label, 0))
-for _answer in ("stamp", "destroylist"):
-    for _reason in ("untrusted", "stale", "future", "other_incarnation", "other_generation"):
-        REPORTER_ANSWERS_IGNORED.labels(_answer, _reason)
-for _why in ("invalid_listed", "invalid_named", "not_held"):
-    REPORTER_HANDLES_SKIPPED.labels(_why)

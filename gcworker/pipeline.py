@@ -12,11 +12,10 @@ import reprlib
 import time
 from collections.abc import Callable
 
-from sqlalchemy import func, select
-
 from gcworker import metrics
+from gcworker.broker_health import is_start_up
 from gcworker.codec import Rejected
-from gcworker.db.tables import INVENTORY_TABLES, workers
+from gcworker.db.stats import state_counts
 from gcworker.gc.collection import CollectionSummary, collect
 from gcworker.reconcile import HeartbeatResult, ReportResult
 
@@ -36,6 +35,8 @@ def receive(plane, envelope, *, task: str, hooks=None):
         metrics.MESSAGES_REJECTED.labels(task).inc()
         if task == "report":
             metrics.REPORTS.labels("rejected").inc()
+        elif task == "heartbeat":
+            metrics.HEARTBEATS.labels("rejected").inc()
         return result
     observe(result, time.perf_counter() - started)
     return result
@@ -75,7 +76,7 @@ def apply(plane, message):
 
 def observe(result, seconds: float) -> None:
     if isinstance(result, HeartbeatResult):
-        metrics.HEARTBEATS.inc()
+        metrics.HEARTBEATS.labels(str(result.outcome)).inc()
         return
     if not isinstance(result, ReportResult):
         return
@@ -96,7 +97,7 @@ def run_collection(
 
     `self_check` is the brake's question "is the control plane itself behind?" (rule 12; in
     broker mode `gcworker.broker_health.BrokerSelfCheck`); `gcworker_disruption` follows the
-    brake's answer.
+    brake's answer, `gcworker_starting_up` instead when the answer is the start-up phase.
     """
     try:
         summary = collect(plane.db, plane.settings, self_check=self_check)
@@ -112,7 +113,10 @@ def run_collection(
         )
         return summary
     metrics.COLLECTION_SECONDS.observe(summary.seconds)
-    metrics.DISRUPTION.set(1 if summary.disrupted else 0)
+    metrics.LAST_COLLECTION.set(time.time())
+    starting_up = is_start_up(summary.disruption_reason)
+    metrics.DISRUPTION.set(1 if summary.disrupted and not starting_up else 0)
+    metrics.STARTING_UP.set(1 if starting_up else 0)
     if not summary.dry_run:
         for kind in ("container", "volume", "worker"):
             deleted = summary.counts.get(f"{kind}s deleted", 0)
@@ -136,22 +140,16 @@ def run_collection(
 
 
 def refresh_state_gauges(plane) -> None:
-    """`gcworker_workers{state}` and `gcworker_missing_rows{kind}` from the database."""
+    """The gauges of the database's state: workers by state, missing rows, the backlog."""
     try:
-        with plane.db.transaction() as conn:
-            by_state = dict(
-                conn.execute(select(workers.c.state, func.count()).group_by(workers.c.state)).all()
-            )
-            missing = {
-                kind: conn.execute(
-                    select(func.count())
-                    .select_from(table)
-                    .where(table.c.missing_since.is_not(None))
-                ).scalar_one()
-                for kind, table in INVENTORY_TABLES.items()
-            }
+        counts = state_counts(plane.db)
     except Exception as error:  # noqa: BLE001 - gauges are best effort
         log.warning("state gauges not refreshed", extra={"error": str(error)})
         return
-    metrics.set_states(metrics.WORKERS, by_state, metrics.WORKER_STATES)
-    metrics.set_states(metrics.MISSING_ROWS, missing, metrics.KINDS)
+    metrics.set_states(metrics.WORKERS, counts.workers, metrics.WORKER_STATES)
+    metrics.set_states(metrics.MISSING_ROWS, counts.missing, metrics.KINDS)
+    for kind in metrics.KINDS:
+        for state in metrics.BACKLOG_STATES:
+            metrics.BACKLOG_ROWS.labels(kind, state).set(counts.backlog.get((kind, state), 0))
+            oldest = counts.oldest.get((kind, state), 0.0)
+            metrics.BACKLOG_OLDEST_SECONDS.labels(kind, state).set(oldest)

@@ -27,8 +27,9 @@ DEFAULT_QUEUES = ("heartbeats", "reports", "collect")
 STOP_GRACE_SECONDS = 30.0
 
 
-def _celery(*args: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", CELERY_APP, *args]
+def _celery(*args: str, quiet: bool = False) -> list[str]:
+    # --quiet: no banner, for a log shipper expecting only log lines (--log-format json).
+    return [sys.executable, "-m", "celery", "-A", CELERY_APP, *(["--quiet"] * quiet), *args]
 
 
 def reconciler_argv(
@@ -37,6 +38,7 @@ def reconciler_argv(
     concurrency: int | None = None,
     node_name: str | None = None,
     log_level: str = "WARNING",
+    quiet: bool = False,
 ) -> list[str]:
     from tasks.routing import QUEUES
 
@@ -50,6 +52,7 @@ def reconciler_argv(
         "--without-mingle",
         "--optimization",
         "fair",
+        quiet=quiet,
     )
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
@@ -58,17 +61,34 @@ def reconciler_argv(
     return argv
 
 
-def beat_argv(*, log_level: str = "WARNING") -> list[str]:
+def beat_argv(*, log_level: str = "WARNING", quiet: bool = False) -> list[str]:
     from tasks.schedule import BEAT_SCHEDULER
 
-    return _celery("beat", "--loglevel", log_level, "--scheduler", BEAT_SCHEDULER)
+    return _celery("beat", "--loglevel", log_level, "--scheduler", BEAT_SCHEDULER, quiet=quiet)
 
 
-def flower_argv(*, port: int = 5555, address: str = "") -> list[str]:
-    argv = _celery("flower", f"--port={port}")
-    if address:
-        argv.append(f"--address={address}")
-    return argv
+DEFAULT_FLOWER_ADDRESS = "127.0.0.1"
+
+
+def flower_argv(
+    *, port: int = 5555, address: str = DEFAULT_FLOWER_ADDRESS, log_level: str = "WARNING"
+) -> list[str]:
+    return _celery(
+        "flower", f"--port={port}", f"--address={address}", f"--logging={log_level.lower()}"
+    )
+
+
+def flower_environment(settings, env: dict[str, str]) -> dict[str, str]:
+    """`env` with Flower's basic auth (Flower reads FLOWER_* options from its environment: the
+    credentials never show on a command line); SettingsError without them."""
+    from gcworker.settings import SettingsError
+
+    if settings.flower_basic_auth is None:
+        raise SettingsError(
+            f"{ENV_PREFIX}FLOWER_BASIC_AUTH is not set: Flower shows every task and can revoke "
+            f"them, so it needs credentials (user:password; or {ENV_PREFIX}FLOWER_BASIC_AUTH_FILE)"
+        )
+    return {**env, "FLOWER_BASIC_AUTH": settings.flower_basic_auth.get_secret_value()}
 
 
 def settings_environment(overrides: dict) -> dict[str, str]:

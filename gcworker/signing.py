@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import logging
 import os
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from gcworker.errors import GcworkerError
+from gcworker.errors import GcworkerError, SetupError
+
+log = logging.getLogger(__name__)
 
 
 def generate_private_key() -> Ed25519PrivateKey:
@@ -36,7 +39,9 @@ def write_private_key(private_key: Ed25519PrivateKey, path: Path) -> None:
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise GcworkerError(f"{path} already exists: choose another --out") from None
+        raise SetupError(f"{path} already exists: choose another --out") from None
+    except OSError as error:
+        raise SetupError(f"cannot write the key {path}: {error.strerror}") from None
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(pem)
 
@@ -44,8 +49,15 @@ def write_private_key(private_key: Ed25519PrivateKey, path: Path) -> None:
 def load_private_key(path: Path) -> Ed25519PrivateKey:
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        mode = os.stat(path).st_mode
     except (OSError, ValueError) as error:
         raise GcworkerError(f"cannot read the private key {path}: {error}") from None
+    if mode & 0o077:
+        log.warning(
+            "private key readable by others: whoever reads it can sign as its owner "
+            "(chmod 600 it)",
+            extra={"path": str(path), "mode": oct(mode & 0o777)},
+        )
     if not isinstance(key, Ed25519PrivateKey):
         raise GcworkerError(f"{path} is not an Ed25519 private key")
     return key

@@ -42,6 +42,15 @@ METRICS_PORT_ENV = "GCWORKER_METRICS_PORT"
 METRICS_DIR_TEMPORARY_ENV = "GCWORKER_METRICS_DIR_TEMPORARY"
 
 
+class _WithoutTaskArguments(logging.Filter):
+    """Celery attaches each task's arguments to its log records (`data`): a report's complete
+    handle lists. Keep them out of the logs; the message says which task it was."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.pop("data", None)
+        return True
+
+
 def _settings_or_exit() -> Settings:
     try:
         return load_settings()
@@ -49,6 +58,20 @@ def _settings_or_exit() -> Settings:
         raise SystemExit(f"gcworker: {error}") from None
 
 
+def _configure_logging(level: str, log_format: str) -> None:
+    from gcworker import logs
+
+    logs.configure(level, log_format if log_format in logs.FORMATS else "text")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WithoutTaskArguments())
+
+
+if not logging.getLogger().handlers:
+    # Before the settings, whose warnings must come out formatted. Flower never sends
+    # setup_logging: its lines (and Tornado's) get this handler, which keeps Tornado from adding
+    # its own; Flower's --logging sets the level. A worker or beat configures again, at its
+    # --loglevel. (A bad GCWORKER_LOG_FORMAT is reported by the settings, just below.)
+    _configure_logging("WARNING", os.environ.get("GCWORKER_LOG_FORMAT", "text"))
 settings = _settings_or_exit()
 app = make_app(settings, main=True)
 
@@ -59,23 +82,10 @@ kombu_fixes.apply()
 # Process lifecycle ---------------------------------------------------------------------------
 
 
-class _WithoutTaskArguments(logging.Filter):
-    """Celery attaches each task's arguments to its log records (`data`): a report's complete
-    handle lists. Keep them out of the logs; the message says which task it was."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.__dict__.pop("data", None)
-        return True
-
-
 @signals.setup_logging.connect
 def _setup_logging(loglevel=None, **_):
-    from gcworker import logs
-
     level = logging.getLevelName(loglevel) if isinstance(loglevel, int) else loglevel
-    logs.configure(level or "WARNING")
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_WithoutTaskArguments())
+    _configure_logging(level or "WARNING", settings.log_format)
 
 
 def _require_broker() -> None:
@@ -110,7 +120,9 @@ def _worker_init(**_):
                 "PROMETHEUS_MULTIPROC_DIR is not set: /metrics shows this process only, not the "
                 "pool processes that apply events (start with `gcworker reconciler`)"
             )
-        metrics.serve(int(port))
+        from gcworker.health import control_plane_checks
+
+        metrics.serve(int(port), checks=control_plane_checks(settings))
 
 
 class HeartbeatLease(bootsteps.StartStopStep):

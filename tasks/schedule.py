@@ -29,6 +29,11 @@ def beat_schedule(settings) -> dict:
     }
 
 
+def beat_lock_key(settings) -> str:
+    """The Redis key some beat holds while it runs the schedule (redbeat's prefix + ":lock")."""
+    return beat_config(settings)["redbeat_key_prefix"] + ":lock"
+
+
 def beat_config(settings) -> dict:
     """Celery settings of beat and redbeat."""
     loop = min(settings.gc_interval, LOOP_INTERVAL_CAP).total_seconds()

@@ -5,6 +5,7 @@ test; and the collect task of a real reconciler asks."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from datetime import timedelta
@@ -326,3 +327,53 @@ def test_the_collect_task_brakes_while_no_reconciler_processes_heartbeats(
     finally:
         health.close()
         pipe.close()
+
+
+# Start-up is its own phase ----------------------------------------------------------------------
+
+
+def brake_records(caplog) -> list:
+    return [r for r in caplog.records if r.name == "gcworker.gc.brake"]
+
+
+def test_start_up_is_protected_but_reported_as_its_own_phase_not_a_disruption(plane, caplog):
+    one_of_four_expired(plane)
+    starting = status(reconcilers_up_for=10.0).reason()
+
+    with caplog.at_level(logging.INFO, logger="gcworker"):
+        summary = pipeline.run_collection(plane, self_check=lambda: starting)
+
+    assert summary.disrupted, "the protection must hold"
+    assert set(worker_states(plane).values()) == {"running"}, "the brake stalled someone"
+    assert (metrics.DISRUPTION._value.get(), metrics.STARTING_UP._value.get()) == (0, 1)
+    (line,) = brake_records(caplog)
+    assert (line.levelname, line.getMessage()) == (
+        "INFO",
+        "start-up protection: stalling no one, deleting nothing",
+    )
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gcworker"):
+        summary = pipeline.run_collection(plane, self_check=lambda: None)
+
+    assert not summary.disrupted
+    assert (metrics.DISRUPTION._value.get(), metrics.STARTING_UP._value.get()) == (0, 0)
+    assert [(r.levelname, r.getMessage()) for r in brake_records(caplog)] == [
+        ("INFO", "start-up protection left")
+    ]
+
+
+def test_a_real_disruption_is_still_one_and_warns(plane, caplog):
+    one_of_four_expired(plane)
+    behind = status(reconcilers=0).reason()
+
+    with caplog.at_level(logging.INFO, logger="gcworker"):
+        pipeline.run_collection(plane, self_check=lambda: behind)
+        assert (metrics.DISRUPTION._value.get(), metrics.STARTING_UP._value.get()) == (1, 0)
+        pipeline.run_collection(plane, self_check=lambda: None)
+
+    assert [(r.levelname, r.getMessage()) for r in brake_records(caplog)] == [
+        ("WARNING", "disruption mode: stalling no one, deleting nothing"),
+        ("WARNING", "disruption mode left"),
+    ]
+    assert metrics.DISRUPTION._value.get() == 0

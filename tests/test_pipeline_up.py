@@ -16,6 +16,7 @@ from tests.pipeline_support import GCWORKER, Pipeline, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 COMPLETED = r'gcworker_collections_total\{outcome="completed"\} (\S+)'
+REGISTERED = r'^gcworker_heartbeats_total\{outcome="registered"\} (\S+)$'
 
 
 def _gone(pid: int) -> bool:
@@ -81,7 +82,7 @@ def test_up_with_a_broker_runs_reconciler_and_beat_and_stops_them_all(
         def scraped():
             body = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
             collections = re.search(COMPLETED, body)
-            heartbeats = re.search(r"^gcworker_heartbeats_total (\S+)$", body, re.M)
+            heartbeats = re.search(REGISTERED, body, re.M)
             return (
                 collections
                 and float(collections.group(1)) >= 1

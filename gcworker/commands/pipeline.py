@@ -38,6 +38,11 @@ def _log_level() -> str:
     return logging.getLevelName(logging.getLogger().level)
 
 
+def _celery_logging(settings) -> dict:
+    """A Celery process's logging options: this process's level, no banner in JSON."""
+    return {"log_level": _log_level(), "quiet": settings.log_format == "json"}
+
+
 def _stop_on_signals() -> threading.Event:
     """An event set by SIGTERM or SIGINT (Ctrl-C): the command winds down and exits 0."""
     stop = threading.Event()
@@ -124,6 +129,12 @@ class MeteredRuntime:
 
     def __init__(self, runtime):
         self.runtime = runtime
+        self.listing_error: str | None = "no listing yet"
+
+    def listed(self) -> None:
+        """The reporter's readiness check: raises while the last listing failed."""
+        if self.listing_error is not None:
+            raise RuntimeError(f"the runtime's last listing failed: {self.listing_error}")
 
     def inventory(self):
         from gcworker import metrics
@@ -131,9 +142,11 @@ class MeteredRuntime:
 
         try:
             inventory = self.runtime.inventory()
-        except RuntimeError_:
+        except RuntimeError_ as error:
             metrics.REPORTER_LISTING_FAILURES.inc()
+            self.listing_error = str(error)
             raise
+        self.listing_error = None
         metrics.REPORTER_HANDLES.labels("container").set(len(inventory.containers))
         metrics.REPORTER_HANDLES.labels("volume").set(len(inventory.volumes))
         return inventory
@@ -212,8 +225,10 @@ def reporter(obj, worker, runtime_spec, ephemeral, once, once_timeout, metrics_p
     stop = _stop_on_signals()
     if metrics_port:
         from gcworker import metrics
+        from gcworker.health import reporter_checks
 
-        metrics.serve(metrics_port)
+        checks = reporter_checks(settings, runtime.listed)
+        metrics.serve(metrics_port, registry_=metrics.REPORTER_REGISTRY, checks=checks)
     channel = MeteredChannel(open_channel(settings))
     agent = Reporter(
         worker,
@@ -305,7 +320,7 @@ def reconciler(obj, queues, concurrency, node_name, metrics_port):
         queues=_queues(queues),
         concurrency=concurrency,
         node_name=node_name,
-        log_level=_log_level(),
+        **_celery_logging(settings),
     )
     sys.stdout.flush()
     sys.stderr.flush()
@@ -313,8 +328,13 @@ def reconciler(obj, queues, concurrency, node_name, metrics_port):
 
 
 @click.command()
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Do not run: exit 0 if some beat holds the schedule's lock, else 1 (a health check).",
+)
 @click.pass_obj
-def beat(obj):
+def beat(obj, check):
     """Run Celery beat (redbeat): a collection every GC interval; one beat of many is active.
 
     This process becomes Celery beat (same process id).
@@ -322,19 +342,48 @@ def beat(obj):
     from gcworker import processes
 
     _require_broker(obj.settings, "beat")
+    if check:
+        _check_beat(obj.settings)
     env = processes.settings_environment(obj.overrides)
-    argv = processes.beat_argv(log_level=_log_level())
+    argv = processes.beat_argv(**_celery_logging(obj.settings))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(argv[0], argv, env)
+
+
+def _check_beat(settings) -> None:
+    import redis
+
+    from tasks.schedule import beat_lock_key
+
+    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        held = client.exists(beat_lock_key(settings))
+    finally:
+        client.close()
+    if not held:
+        _fail(f"no beat holds the schedule's lock ({beat_lock_key(settings)})")
+    click.echo(f"beat: the schedule's lock is held ({beat_lock_key(settings)})")
+    sys.exit(0)
 
 
 # Up ------------------------------------------------------------------------------------------
 
 
 @click.command()
-@click.option("--flower", is_flag=True, help="Also run Flower (broker mode).")
-@click.option("--flower-port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option(
+    "--flower", is_flag=True, help="Also run Flower (broker mode; GCWORKER_FLOWER_BASIC_AUTH)."
+)
+@click.option(
+    "--flower-port",
+    type=click.IntRange(1, 65535),
+    default=5555,
+    show_default=True,
+    help="Flower's port.",
+)
+@click.option(
+    "--flower-address", default="127.0.0.1", show_default=True, help="Where Flower listens."
+)
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -346,7 +395,7 @@ def beat(obj):
     "--concurrency", "-c", type=click.IntRange(min=1), default=None, help="Reconciler processes."
 )
 @click.pass_obj
-def up(obj, flower, flower_port, metrics_port, concurrency):
+def up(obj, flower, flower_port, flower_address, metrics_port, concurrency):
     """Run the control plane on this host until Ctrl-C or SIGTERM.
 
     Embedded (no GCWORKER_BROKER_URL): the collector every GC interval, in this process;
@@ -359,7 +408,8 @@ def up(obj, flower, flower_port, metrics_port, concurrency):
     else:
         plane.close()
         _require_control_plane_key(obj.settings, "reconciler")
-        _up_broker(obj, flower, flower_port, metrics_port, concurrency)
+        flower_at = (flower_address, flower_port) if flower else None
+        _up_broker(obj, flower_at, metrics_port, concurrency)
 
 
 def _up_embedded(plane, metrics_port: int) -> None:
@@ -371,8 +421,9 @@ def _up_embedded(plane, metrics_port: int) -> None:
     stop = _stop_on_signals()
     if metrics_port:
         from gcworker import metrics
+        from gcworker.health import control_plane_checks
 
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, checks=control_plane_checks(settings))
     interval = settings.gc_interval.total_seconds()
     click.echo(
         f"gcworker up (embedded, {plane.db.engine.url.render_as_string(hide_password=True)}): "
@@ -391,35 +442,42 @@ def _up_embedded(plane, metrics_port: int) -> None:
     click.echo("gcworker up: stopped")
 
 
-def _up_broker(obj, flower: bool, flower_port: int, metrics_port: int, concurrency) -> None:
+def _up_broker(obj, flower_at, metrics_port: int, concurrency) -> None:
     from gcworker import processes
+    from gcworker.settings import SettingsError
 
-    stop = _stop_on_signals()
     env = processes.settings_environment(obj.overrides)
+    try:
+        flower_env = processes.flower_environment(obj.settings, env) if flower_at else None
+    except SettingsError as error:
+        _fail(str(error), 2)
+    stop = _stop_on_signals()
     metrics_dir = processes.fresh_metrics_dir()
     worker_env = {**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
-    level = _log_level()
     supervisor = processes.Supervisor()
     exit_code = 0
     try:
         supervisor.start(
             "reconciler",
-            processes.reconciler_argv(concurrency=concurrency, log_level=level),
+            processes.reconciler_argv(concurrency=concurrency, **_celery_logging(obj.settings)),
             worker_env,
         )
-        supervisor.start("beat", processes.beat_argv(log_level=level), env)
-        if flower:
-            supervisor.start("flower", processes.flower_argv(port=flower_port), env)
+        supervisor.start("beat", processes.beat_argv(**_celery_logging(obj.settings)), env)
+        if flower_at:
+            address, port = flower_at
+            argv = processes.flower_argv(port=port, address=address, log_level=_log_level())
+            supervisor.start("flower", argv, flower_env)
         if metrics_port:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
             from gcworker import metrics
+            from gcworker.health import control_plane_checks
 
-            metrics.serve(metrics_port)
+            metrics.serve(metrics_port, checks=control_plane_checks(obj.settings))
         parts = [f"{c.name} (pid {c.pid})" for c in supervisor.children]
         click.echo(
             f"gcworker up (broker {_redacted(obj.settings.broker_url)}): "
             + ", ".join(parts)
-            + (f"; Flower on http://127.0.0.1:{flower_port}" if flower else "")
+            + (f"; Flower on http://{_host(flower_at[0])}:{flower_at[1]}" if flower_at else "")
             + (f"; metrics on http://127.0.0.1:{metrics_port}/metrics" if metrics_port else "")
             + ". Ctrl-C to stop."
         )
@@ -439,6 +497,10 @@ def _up_broker(obj, flower: bool, flower_port: int, metrics_port: int, concurren
     click.echo("gcworker up: stopped")
     if exit_code:
         sys.exit(exit_code)
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
 
 
 def _redacted(url: str) -> str:

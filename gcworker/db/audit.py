@@ -113,9 +113,24 @@ class AuditRepository:
             (entry.worker, list(entry.subjects) if handles else entry.count) for entry in entries
         ]
 
-    def list(self, conn: Connection, limit: int | None = None) -> list[dict]:
-        """The newest `limit` entries first, a batch row expanded into one entry per handle."""
+    def list(
+        self,
+        conn: Connection,
+        limit: int | None = None,
+        *,
+        worker: str | None = None,
+        since: datetime | None = None,
+        actions: tuple[str, ...] = (),
+    ) -> list[dict]:
+        """The newest `limit` entries first, a batch row expanded into one entry per handle;
+        only `worker`'s, at or after `since`, of `actions`, when given."""
         query = select(audit_events).order_by(audit_events.c.at.desc(), audit_events.c.id.desc())
+        if worker is not None:
+            query = query.where(audit_events.c.worker_name == worker)
+        if since is not None:
+            query = query.where(audit_events.c.at >= since)
+        if actions:
+            query = query.where(audit_events.c.action.in_(actions))
         if limit is not None:
             query = query.limit(limit)  # every row holds one entry at least
         return expand(conn.execute(query))[:limit]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from gcworker.broker_health import is_start_up
 from gcworker.db.audit import AuditEntry
 from gcworker.db.disruption import DisruptionRepository
 from gcworker.db.inventory import ContainerRepository, VolumeRepository
@@ -32,6 +33,14 @@ def brake_reason(
             f"(more than {fraction:.0%}): the trouble is likely not theirs"
         )
     return None
+
+
+def _phase(reason: str) -> tuple[int, str]:
+    """How the brake's phase is said: the start-up phase at INFO, as itself (every deploy goes
+    through it); a disruption as a WARNING."""
+    if is_start_up(reason):
+        return logging.INFO, "start-up protection"
+    return logging.WARNING, "disruption mode"
 
 
 class SafetyBrake:
@@ -55,8 +64,9 @@ class SafetyBrake:
             ctx.disrupted = reason is not None
             ctx.disruption_reason = reason
             if reason is not None:
-                log.warning(
-                    "disruption mode: stalling no one, deleting nothing", extra={"reason": reason}
+                level, phase = _phase(reason)
+                log.log(
+                    level, f"{phase}: stalling no one, deleting nothing", extra={"reason": reason}
                 )
                 if current is None:
                     disruption.enter(step.conn, step.now, reason)
@@ -75,7 +85,8 @@ class SafetyBrake:
                     f"{current.since.isoformat()}; every heartbeat expiry restarted and "
                     f"{cleared} marks cleared"
                 )
-                log.warning("disruption mode left", extra={"reason": message})
+                level, phase = _phase(current.reason)
+                log.log(level, f"{phase} left", extra={"reason": message})
                 ctx.record(
                     step, [AuditEntry("leave_disruption", "control_plane", "collector", message)]
                 )
