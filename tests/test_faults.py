@@ -401,21 +401,7 @@ def test_collector_killed_mid_batch_releases_the_fence_and_leaves_no_half_batch(
     }
     settings = load_settings(database_url=database_url, **overrides)
     plane = ControlPlane(settings, db)
-    seq = iter(range(1, 100))
-
-    plane.apply(Heartbeat(worker="w1", incarnation=1, seq=next(seq), ttl_seconds=3600))
-    handles = [f"c{i}" for i in range(9)]
-    for handle in [*handles, "kept"]:
-        create_on(plane, "w1", "container", handle)
-    report_kept(plane, next(seq))
-    missing_since = min(c["missing_since"] for c in plane.containers() if c["handle"] != "kept")
-    wait_for(
-        lambda: _db_now(db) >= missing_since + timedelta(seconds=1.05),
-        timeout=5,
-        what="the grace period to pass",
-        interval=0.02,
-    )
-    report_kept(plane, next(seq))
+    handles = nine_missing_and_confirmed(plane, db)
 
     reached, lock = tmp_path / "reached", tmp_path / "pause.lock"
     lock.touch()
@@ -476,20 +462,7 @@ def test_a_collector_stopped_mid_collection_loses_the_fence_within_a_few_gc_inte
     }
     settings = load_settings(database_url=database_url, **overrides)
     plane = ControlPlane(settings, db)
-    seq = iter(range(1, 100))
-    plane.apply(Heartbeat(worker="w1", incarnation=1, seq=next(seq), ttl_seconds=3600))
-    handles = [f"c{i}" for i in range(9)]
-    for handle in [*handles, "kept"]:
-        create_on(plane, "w1", "container", handle)
-    report_kept(plane, next(seq))
-    missing_since = min(c["missing_since"] for c in plane.containers() if c["handle"] != "kept")
-    wait_for(
-        lambda: _db_now(db) >= missing_since + timedelta(seconds=1.05),
-        timeout=5,
-        what="the grace period to pass",
-        interval=0.02,
-    )
-    report_kept(plane, next(seq))
+    handles = nine_missing_and_confirmed(plane, db)
 
     log_path = tmp_path / "collector.log"
     with db.engine.connect() as holder:
@@ -526,6 +499,26 @@ def test_a_collector_stopped_mid_collection_loses_the_fence_within_a_few_gc_inte
     # Each deletion made and audited once, by the collection that held the fence.
     assert sorted(e["subject"] for e in audit(plane, "delete")) == handles
     assert _counts(db) == (1, 9)
+
+
+def nine_missing_and_confirmed(plane: ControlPlane, db: Database) -> list[str]:
+    """w1 holds "kept" alone of ten containers: nine marked, then confirmed by a dated report
+    past the grace period (the settings' 1s), ready for a collection; returns the nine."""
+    seq = iter(range(1, 100))
+    plane.apply(Heartbeat(worker="w1", incarnation=1, seq=next(seq), ttl_seconds=3600))
+    handles = [f"c{i}" for i in range(9)]
+    for handle in [*handles, "kept"]:
+        create_on(plane, "w1", "container", handle)
+    report_kept(plane, next(seq))
+    missing_since = min(c["missing_since"] for c in plane.containers() if c["handle"] != "kept")
+    wait_for(
+        lambda: _db_now(db) >= missing_since + timedelta(seconds=1.05),
+        timeout=5,
+        what="the grace period to pass",
+        interval=0.02,
+    )
+    report_kept(plane, next(seq))
+    return handles
 
 
 def report_kept(plane: ControlPlane, seq: int) -> None:
