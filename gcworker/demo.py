@@ -974,11 +974,18 @@ class Demo:
         live = [w.name for w in self.sim.values() if not w.gone]
         settled_after = None
         deadline = stopped_at + config.settle_timeout
+        # Settled: agreeing for a whole collection and report round (a collection may still
+        # move a row, e.g. orphan a volume whose container went, and its worker remove it).
+        quiet_for = config.gc_interval + config.report_interval
         while time.monotonic() < deadline:
             snap = self._observe()
             self.view(self.frame(snap))
-            if not disagreements(snap, live):
-                settled_after = time.monotonic() - stopped_at
+            now = time.monotonic()
+            if disagreements(snap, live):
+                settled_after = None
+            elif settled_after is None:
+                settled_after = now - stopped_at
+            elif now - stopped_at - settled_after >= quiet_for:
                 break
             time.sleep(config.tick)
 

@@ -111,6 +111,7 @@ def test_audit_a_child_volume_deleted_with_its_worker_is_audited_too(plane, db, 
     created(plane, "e1", "parent", kind="volume")
     plane.scheduler.create_volume("e1", "child", parent="parent")
     plane.scheduler.volume_created("child")
+    w.report([], ["parent", "child"])  # dated: the old incarnation held both then
 
     w.restart()  # rule 7: the old incarnation's rows go
 
