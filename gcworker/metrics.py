@@ -239,26 +239,23 @@ for _kind in KINDS:
     UNKNOWN_HANDLES.labels(_kind)
     ROWS_DELETED.labels(_kind, "missing")
     ROWS_DELETED.labels(_kind, "confirmed_destroyed")
+    MISSING_ROWS.labels(_kind)
+    REPORTER_HANDLES.labels(_kind)
+    REPORTER_REMOVED.labels(_kind)
     for _reason in ("error", "timeout"):
         SWEEP_FAILURES.labels(_kind, _reason)
+    for _state in BACKLOG_STATES:
+        BACKLOG_ROWS.labels(_kind, _state)
+        BACKLOG_OLDEST_SECONDS.labels(_kind, _state)
 for _task in ("heartbeat", "report", "collect"):
     MESSAGES_REJECTED.labels(_task)
 for _outcome in HEARTBEAT_OUTCOMES:
     HEARTBEATS.labels(_outcome)
 for _state in WORKER_STATES:
     WORKERS.labels(_state)
-for _kind in KINDS:
-    MISSING_ROWS.labels(_kind)
-for _kind in KINDS:
-    for _state in BACKLOG_STATES:
-        BACKLOG_ROWS.labels(_kind, _state)
-        BACKLOG_OLDEST_SECONDS.labels(_kind, _state)
 for _type in MESSAGE_TYPES:
     REPORTER_SENT.labels(_type)
     REPORTER_SEND_FAILURES.labels(_type)
-for _kind in KINDS:
-    REPORTER_HANDLES.labels(_kind)
-    REPORTER_REMOVED.labels(_kind)
 for _answer in ("stamp", "destroylist"):
     for _reason in ("untrusted", "stale", "future", "other_incarnation", "other_generation"):
         REPORTER_ANSWERS_IGNORED.labels(_answer, _reason)
