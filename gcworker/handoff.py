@@ -2,18 +2,21 @@
 the control plane holds as `destroying` (so that the worker removes them, rules 8-10).
 
 The reporter cannot read the database, and the reconciler cannot reach the worker; they meet in
-Redis. After applying each report, the reconciler task leaves there a *snapshot* of the worker's
-destroying handles, and the reporter reads the latest snapshot after each report it sends.
+Redis. After applying each heartbeat or report, the reconciler task leaves there its answers,
+sealed with the control plane's key (`gcworker.answers`): a *stamp* (its clock, the worker's
+incarnation and generation, the message answered) and a *snapshot* of the worker's destroying
+handles (the destroy list); the reporter reads them after each report it sends.
 
 Keys (N is `GCWORKER_BROKER_NAMESPACE`, W the worker's name; `{W}` is a Redis Cluster hash tag,
 so one worker's keys share a slot and one script can replace them together):
 
-    N:destroying:{W}:container    SET of container handles the worker should remove
-    N:destroying:{W}:volume       SET of volume handles the worker should remove
-    N:destroying:{W}:version      the snapshot's version (below), as an integer
-    N:destroying:{W}:generation   the worker's generation (`workers.generation`) it was read at
+    N:destroying:{W}:list           the sealed destroy list
+    N:destroying:{W}:version        its version (below), as an integer
+    N:destroying:{W}:generation     the worker's generation (`workers.generation`) it was read at
+    N:destroying:{W}:stamp          the sealed stamp
+    N:destroying:{W}:stamp-version  its version
 
-Writing (`publish_snapshot`, run by the report task after the report's transaction commits):
+Writing (`publish_snapshot`, run by the report and heartbeat tasks after their transaction):
 
 1. One read-only statement (no lock, no transaction of its own to commit) reads the worker's
    `generation`, which every change to the worker or to its rows bumps, and the control plane's
@@ -42,26 +45,24 @@ expires after `key_ttl` (ten report intervals, at least ten minutes), counted ag
 refresh: a worker that stops reporting leaves nothing behind, and its reporter then simply
 removes nothing.
 
-The version must keep moving while nothing changes: the reporter dates its next report from it
-(`Feedback.as_of`, the `after` of a report, rule 4), so a version stuck at the last change would
-hold back every confirmation of an absence. A refresh moves it at every report, as a full
-snapshot did.
+The stamp must keep moving while nothing changes: the reporter dates its next report from it
+(`Feedback.as_of`, the `after` of a report, rule 4), so a stamp stuck at the last change would
+hold back every confirmation of an absence. A refresh stores a new stamp at every answer.
 
-Reading (`read`, by `gcworker.broker.BrokerChannel.destroying`): both sets in one MULTI.
-
-Why a late or stale snapshot is harmless: `destroying` is a terminal state (a row leaves it only
-by being deleted, rule 9), so every handle a snapshot ever listed is one the control plane
-wanted gone; removing a handle that is already gone is not an error in any runtime. Handles are
-unique and never reused for a new container or volume. A change made between reports (the
-scheduler destroying a container, the collector failing a stuck one) reaches the reporter with
-the snapshot that follows the worker's next report.
+Reading (`feedback`, by `gcworker.broker.BrokerChannel`): the stamp, the list and the full-report
+request in one MULTI; each answer is kept only if the control plane sealed it for this worker.
+What the reporter then believes of them (current stamp, list of the same generation, handles held
+at every listing since the one the stamp answers) is `gcworker.reporter`'s to judge: anyone who
+can write to Redis can write these keys, and handles may be reused once their row is gone. A
+change made between reports (the scheduler destroying a container, the collector failing a stuck
+one) reaches the reporter with the answer that follows the worker's next message.
 
 The other answer: "send a full report". When a compact unchanged report cannot be confirmed
 (unknown digest, or the worker's rows changed since), the report task sets
 
     N:destroying:{W}:full-report  "1", with the same expiry
 
-and the reporter reads and deletes it together with the sets (`feedback`), so that its next
+and the reporter reads and deletes it together with the answers (`feedback`), so that its next
 report is a full one. Setting it twice is harmless; losing it (expiry) only delays the full
 report until the reporter's own bound (`full_report_every`).
 """
