@@ -204,3 +204,16 @@ def board():
     for key in client.scan_iter(f"{namespace}:*"):
         client.delete(key)
     client.close()
+
+
+@pytest.fixture
+def private_postgres():
+    """A PostgreSQL cluster of this test's own (tests/fault_support.py), removed at the end."""
+    from tests.fault_support import PrivatePostgres
+
+    server = PrivatePostgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()

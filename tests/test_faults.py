@@ -45,7 +45,6 @@ from gcworker.runtimes.dir import DirRuntime
 from gcworker.settings import load_settings
 from tests.fault_support import (
     ROOT,
-    PrivatePostgres,
     PrivateRedis,
     start_collector,
     start_pausing_collector,
@@ -252,16 +251,6 @@ def _expired(db: Database, worker: str) -> bool:
 
 
 # PostgreSQL stopped for a few seconds ---------------------------------------------------------
-
-
-@pytest.fixture
-def private_postgres():
-    server = PrivatePostgres()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.remove()
 
 
 @pytest.mark.timeout(120)

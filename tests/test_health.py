@@ -16,7 +16,7 @@ from gcworker.db.migrate import upgrade
 from gcworker.health import control_plane_checks
 from gcworker.runtimes.dir import MARKER, DirRuntime
 from gcworker.settings import load_settings
-from tests.fault_support import PrivatePostgres, PrivateRedis
+from tests.fault_support import PrivateRedis
 from tests.pipeline_support import Pipeline, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -49,16 +49,6 @@ def wait_ready(port: int, ready: bool, details=None) -> dict:
     status, body = found
     assert body["ready"] is ready and status == (200 if ready else 503)
     return body["checks"]
-
-
-@pytest.fixture
-def private_postgres():
-    server = PrivatePostgres()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.remove()
 
 
 @pytest.fixture
